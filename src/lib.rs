@@ -1,0 +1,13 @@
+//! fleetgate: a Pingora gateway that routes LLM requests across a heterogeneous fleet.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod fleet;
+pub mod metrics;
+pub mod protocol;
+pub mod proxy;
+pub mod queue;
+pub mod routing;
+pub mod services;
+pub mod sim;

@@ -1,0 +1,1 @@
+//! Every metric name and family in one place.

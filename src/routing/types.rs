@@ -1,0 +1,308 @@
+//! The inputs and outputs of `routing::decide`: plain data, no I/O, no clocks.
+
+use serde::Serialize;
+
+/// Which wire-protocol family a request arrived in; a node must speak it to be a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    OpenAI,
+    Ollama,
+    Anthropic,
+}
+
+/// Everything about one request that routing looks at. Built by the proxy from the parsed body
+/// and the `X-Fleet-*` headers; model names are already alias-resolved.
+#[derive(Debug, Clone, Default)]
+pub struct RouteRequest {
+    /// Primary model first, then fallbacks in order (empty fallbacks when `X-Fleet-No-Fallback`).
+    pub models: Vec<String>,
+    pub family: Option<Family>,
+    /// Estimated prompt tokens (chars/4 + per-message overhead + per-image cost, calibrated).
+    pub prompt_tokens: u32,
+    /// `max_tokens` from the body when given; otherwise the node's `output_reserve` applies.
+    pub max_output_tokens: Option<u32>,
+    /// Capabilities the node must advertise as tags (`X-Fleet-Tags`, `vision` for images).
+    pub required_tags: Vec<String>,
+    /// `X-Fleet-Pin-Node`: strict, only this node may serve.
+    pub pin: Option<String>,
+    /// HMAC'd conversation key (`X-Fleet-Conversation`), for rendezvous affinity.
+    pub affinity_key: Option<u64>,
+    /// Nodes already tried for this request (retry exclusion set).
+    pub tried: Vec<String>,
+    /// Spec 004: only nodes with the model already loaded are eligible.
+    pub require_warm: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    #[default]
+    Online,
+    Offline,
+    Warmup,
+    Draining,
+    Paused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Pressure {
+    #[default]
+    Normal,
+    Warn,
+    Critical,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    #[default]
+    Pinned,
+    Provisional,
+}
+
+/// One model as a node has it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ModelView {
+    pub name: String,
+    /// Weights on disk, GB.
+    pub size_gb: f64,
+    /// Measured resident size (weights + KV cache) when seen loaded, GB.
+    pub resident_gb: Option<f64>,
+    pub loaded: bool,
+    /// Context window the model is loaded with now (when loaded).
+    pub loaded_context: Option<u32>,
+    /// Largest context window this node can give the model.
+    pub max_context: u32,
+    /// When the model was last seen unloaded from this node (ms, same clock as `now_ms`).
+    pub unloaded_at_ms: Option<u64>,
+    /// On disk (false: pullable only).
+    pub on_disk: bool,
+}
+
+/// Capacity learning output for a node with learning turned on (spec 000, Adaptive Capacity).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Learning {
+    /// 0.0 ..= 1.0
+    pub availability: f64,
+    /// Memory ceiling, GB: caps `available` in Signal 2.
+    pub ceiling_gb: Option<f64>,
+    /// How long CPU has been above 85 %, seconds.
+    pub cpu_high_for_s: u64,
+    /// Days of observation so far.
+    pub days_observed: f64,
+}
+
+/// A node as routing sees it: static facts from config plus the last known live state.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NodeView {
+    pub id: String,
+    pub health: Health,
+    pub breaker_open: bool,
+    pub thermal_throttled: bool,
+    pub pressure: Pressure,
+    /// Free system RAM, GB (None: unknown, treated as total memory minus loaded models).
+    pub free_memory_gb: Option<f64>,
+    pub memory_gb: f64,
+    pub bandwidth_gbps: Option<f64>,
+    /// Concurrent seats (spec 003 capacity); at least 1.
+    pub seats: u32,
+    /// In-flight ceiling (spec 003 hardCap); at least `seats`.
+    pub hard_cap: u32,
+    pub tier: Tier,
+    pub tags: Vec<String>,
+    pub families: Vec<Family>,
+    pub models: Vec<ModelView>,
+    /// Tokens reserved for the output when the request gives no `max_tokens`.
+    pub output_reserve: u32,
+    /// Per-node overhead tokens (system prompt, video frames ...), spec 003.
+    pub overhead_tokens: u32,
+    pub learning: Option<Learning>,
+}
+
+impl NodeView {
+    pub fn model(&self, name: &str) -> Option<&ModelView> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}
+
+/// The fleet at one moment: built when the fleet changes, shared read-only.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FleetView {
+    pub nodes: Vec<NodeView>,
+}
+
+/// Live load of one node:model pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ModelLoad {
+    pub in_flight: u32,
+    pub pending: u32,
+    /// p75 of observed total latency, ms (None: too little history).
+    pub p75_ms: Option<f64>,
+    /// Observed output tokens per second.
+    pub observed_tps: Option<f64>,
+}
+
+/// Live load, read at decision time (atomics in the proxy, plain maps in tests).
+pub trait Loads {
+    /// Requests in flight on the node across all its models.
+    fn node_in_flight(&self, node: usize) -> u32;
+    fn model(&self, node: usize, model: &str) -> ModelLoad;
+}
+
+/// Why a (node, model) pair cannot serve the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    Offline,
+    Draining,
+    Paused,
+    Warmup,
+    BreakerOpen,
+    Thermal,
+    MemoryPressure,
+    ModelAbsent,
+    MemoryFit,
+    Context,
+    Capability,
+    Protocol,
+    NotWarm,
+    ProvisionalCap,
+    HardCap,
+    Tried,
+    PinnedElsewhere,
+    CpuHigh,
+    LowAvailability,
+    Learning,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Offline => "offline",
+            Reason::Draining => "draining",
+            Reason::Paused => "paused",
+            Reason::Warmup => "warmup",
+            Reason::BreakerOpen => "breaker_open",
+            Reason::Thermal => "thermal",
+            Reason::MemoryPressure => "memory_pressure",
+            Reason::ModelAbsent => "model_absent",
+            Reason::MemoryFit => "memory_fit",
+            Reason::Context => "context",
+            Reason::Capability => "capability",
+            Reason::Protocol => "protocol",
+            Reason::NotWarm => "not_warm",
+            Reason::ProvisionalCap => "provisional_cap",
+            Reason::HardCap => "hard_cap",
+            Reason::Tried => "tried",
+            Reason::PinnedElsewhere => "pinned_elsewhere",
+            Reason::CpuHigh => "cpu_high",
+            Reason::LowAvailability => "low_availability",
+            Reason::Learning => "learning",
+        }
+    }
+}
+
+/// Each signal's points for one surviving (node, model) pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Signals {
+    pub warmth: f64,
+    pub memory_fit: f64,
+    pub queue_depth: f64,
+    pub wait_time: f64,
+    pub role_affinity: f64,
+    pub availability: f64,
+    pub context_fit: f64,
+    pub session_affinity: f64,
+    pub tier: f64,
+    pub load: f64,
+}
+
+impl Signals {
+    pub fn total(&self) -> f64 {
+        self.warmth
+            + self.memory_fit
+            + self.queue_depth
+            + self.wait_time
+            + self.role_affinity
+            + self.availability
+            + self.context_fit
+            + self.session_affinity
+            + self.tier
+            + self.load
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Eliminated { reason: Reason },
+    Scored { signals: Signals, total: f64 },
+}
+
+/// One line of the explain table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub node: String,
+    pub model: String,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AffinityKind {
+    None,
+    /// The conversation's rendezvous node won.
+    Matched,
+    /// The rendezvous node was eligible but another node won (it was busy).
+    Spilled,
+    /// The rendezvous node could not serve (eliminated).
+    New,
+}
+
+/// A place the request can go.
+#[derive(Debug, Clone, Serialize)]
+pub struct Choice {
+    /// Index into `FleetView::nodes`.
+    pub node: usize,
+    pub node_id: String,
+    pub model: String,
+    pub score: f64,
+    /// The model is not the primary one.
+    pub fallback: bool,
+    /// The model is not loaded on the node: serving it means a cold load.
+    pub cold: bool,
+}
+
+/// Why nothing was chosen; maps to the client-visible error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoRoute {
+    /// No node knows any candidate model (404 model_not_found).
+    ModelNotFound,
+    /// Nodes have the model but no window fits the request (400 context_length_exceeded).
+    ContextTooLong,
+    /// The pinned node cannot serve now (503, strict pin).
+    PinUnavailable,
+    /// Nodes exist but none can take it now (holding queue, then 503).
+    NoProvider,
+}
+
+/// The outcome of `routing::decide`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// Best first; empty when nothing survives. `ranked[0]` is the winner.
+    pub ranked: Vec<Choice>,
+    pub no_route: Option<NoRoute>,
+    pub affinity: AffinityKind,
+    /// Per node and candidate model: the elimination reason or the signal points.
+    pub table: Vec<Row>,
+}
+
+impl Decision {
+    pub fn winner(&self) -> Option<&Choice> {
+        self.ranked.first()
+    }
+}

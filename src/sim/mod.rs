@@ -1,0 +1,1 @@
+//! Simulated inference node: Ollama, OpenAI and Anthropic APIs with load/latency physics.
