@@ -1,1 +1,109 @@
-//! Every metric name and family in one place.
+//! Every metric name and family in one place: `fleetgate_<layer>_<what>_<unit>`.
+//!
+//! Labels are bounded: node ids and model names come from config or the backends, never from
+//! client input (an unknown model is recorded as "-").
+
+use once_cell::sync::Lazy;
+use prometheus::{
+    histogram_opts, opts, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGaugeVec, Registry,
+    TextEncoder,
+};
+
+pub const REQUESTS_TOTAL: &str = "fleetgate_proxy_requests_total";
+pub const REQUEST_DURATION_SECONDS: &str = "fleetgate_proxy_request_duration_seconds";
+pub const TTFT_SECONDS: &str = "fleetgate_proxy_time_to_first_token_seconds";
+pub const IN_FLIGHT_REQUESTS: &str = "fleetgate_fleet_in_flight_requests";
+pub const NODE_UP: &str = "fleetgate_fleet_node_up";
+pub const MODEL_LOADED: &str = "fleetgate_fleet_model_loaded";
+pub const RETRIES_TOTAL: &str = "fleetgate_proxy_retries_total";
+pub const BUILD_INFO: &str = "fleetgate_build_info";
+
+/// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+const TTFT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: IntCounterVec,
+    pub duration: HistogramVec,
+    pub ttft: HistogramVec,
+    pub in_flight: IntGaugeVec,
+    pub node_up: IntGaugeVec,
+    pub model_loaded: IntGaugeVec,
+    pub retries: IntCounterVec,
+    pub build_info: GaugeVec,
+}
+
+fn build() -> Result<Metrics, prometheus::Error> {
+    let registry = Registry::new();
+    let nm = &["node", "model"];
+    let m = Metrics {
+        requests: IntCounterVec::new(
+            opts!(
+                REQUESTS_TOTAL,
+                "Requests by serving node, model, protocol and status"
+            ),
+            &["node", "model", "protocol", "status"],
+        )?,
+        duration: HistogramVec::new(
+            histogram_opts!(
+                REQUEST_DURATION_SECONDS,
+                "Total request latency",
+                LATENCY_BUCKETS.to_vec()
+            ),
+            nm,
+        )?,
+        ttft: HistogramVec::new(
+            histogram_opts!(
+                TTFT_SECONDS,
+                "Time to the first response body byte",
+                TTFT_BUCKETS.to_vec()
+            ),
+            nm,
+        )?,
+        in_flight: IntGaugeVec::new(
+            opts!(IN_FLIGHT_REQUESTS, "Requests in flight per node:model"),
+            nm,
+        )?,
+        node_up: IntGaugeVec::new(
+            opts!(NODE_UP, "1 when the node answers its polls"),
+            &["node"],
+        )?,
+        model_loaded: IntGaugeVec::new(
+            opts!(MODEL_LOADED, "1 when the model is loaded on the node"),
+            nm,
+        )?,
+        retries: IntCounterVec::new(
+            opts!(RETRIES_TOTAL, "Attempts moved to another node"),
+            &["node"],
+        )?,
+        build_info: GaugeVec::new(opts!(BUILD_INFO, "Build information"), &["version"])?,
+        registry,
+    };
+    m.registry.register(Box::new(m.requests.clone()))?;
+    m.registry.register(Box::new(m.duration.clone()))?;
+    m.registry.register(Box::new(m.ttft.clone()))?;
+    m.registry.register(Box::new(m.in_flight.clone()))?;
+    m.registry.register(Box::new(m.node_up.clone()))?;
+    m.registry.register(Box::new(m.model_loaded.clone()))?;
+    m.registry.register(Box::new(m.retries.clone()))?;
+    m.registry.register(Box::new(m.build_info.clone()))?;
+    m.build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1.0);
+    Ok(m)
+}
+
+/// The process-wide metrics. Construction only fails on a duplicate name: a broken invariant.
+pub static METRICS: Lazy<Metrics> = Lazy::new(|| build().expect("metric families are unique"));
+
+/// Prometheus text exposition of every family.
+pub fn encode() -> String {
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&METRICS.registry.gather(), &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
+}

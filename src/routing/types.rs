@@ -1,9 +1,9 @@
 //! The inputs and outputs of `routing::decide`: plain data, no I/O, no clocks.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which wire-protocol family a request arrived in; a node must speak it to be a candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
     OpenAI,
@@ -54,7 +54,7 @@ pub enum Pressure {
     Critical,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
     #[default]

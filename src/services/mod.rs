@@ -1,1 +1,10 @@
-//! services
+//! Background services: node health/state polling (more land with later stages).
+
+pub mod health;
+
+/// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

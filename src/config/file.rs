@@ -1,0 +1,170 @@
+//! The user-facing YAML schema: serde types with defaults and `deny_unknown_fields`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::routing::Policy;
+use crate::sim::SimSpec;
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerFile,
+    #[serde(default)]
+    pub limits: LimitsFile,
+    #[serde(default)]
+    pub health: HealthFile,
+    #[serde(default)]
+    pub routing: RoutingFile,
+    #[serde(default)]
+    pub models: ModelsFile,
+    #[serde(default)]
+    pub fleet: FleetFile,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerFile {
+    pub listen: String,
+    pub admin_listen: String,
+    pub threads: usize,
+    pub admin_token: Option<String>,
+    pub grace_period_s: u64,
+}
+
+impl Default for ServerFile {
+    fn default() -> Self {
+        ServerFile {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "127.0.0.1:9090".into(),
+            threads: 2,
+            admin_token: None,
+            grace_period_s: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsFile {
+    pub max_body_bytes: usize,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_s: u64,
+    pub write_timeout_s: u64,
+    pub pool_idle_timeout_s: u64,
+}
+
+impl Default for LimitsFile {
+    fn default() -> Self {
+        LimitsFile {
+            max_body_bytes: 32 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            read_timeout_s: 600,
+            write_timeout_s: 60,
+            pool_idle_timeout_s: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthFile {
+    pub poll_interval_ms: u64,
+    pub poll_timeout_ms: u64,
+    pub failures_before_offline: u32,
+}
+
+impl Default for HealthFile {
+    fn default() -> Self {
+        HealthFile {
+            poll_interval_ms: 5_000,
+            poll_timeout_ms: 2_000,
+            failures_before_offline: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingFile {
+    pub retries: u32,
+    pub chars_per_token: f64,
+    pub default_output_reserve: u32,
+    pub policy: Policy,
+}
+
+impl Default for RoutingFile {
+    fn default() -> Self {
+        RoutingFile {
+            retries: 2,
+            chars_per_token: 4.0,
+            default_output_reserve: 1024,
+            policy: Policy::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsFile {
+    /// Client-facing name -> model name on the nodes.
+    pub aliases: BTreeMap<String, String>,
+    /// Model -> fallback models in order, used when the body gives none.
+    pub fallbacks: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetFile {
+    pub nodes: Vec<NodeFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Ollama,
+    Openai,
+    Sim,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFile {
+    pub id: String,
+    pub url: String,
+    pub backend: Backend,
+    /// Concurrent seats; default: from the backend, else 1.
+    pub capacity: Option<u32>,
+    /// In-flight ceiling; default: capacity x 4.
+    pub hard_cap: Option<u32>,
+    pub memory_gb: Option<f64>,
+    pub bandwidth_gbps: Option<f64>,
+    #[serde(default)]
+    pub tier: crate::routing::Tier,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Wire protocols the node speaks; default by backend.
+    pub protocols: Option<Vec<crate::routing::Family>>,
+    /// Context window cap for every model on the node.
+    pub max_context: Option<u32>,
+    pub output_reserve: Option<u32>,
+    #[serde(default)]
+    pub overhead_tokens: u32,
+    /// Static model facts (what the backend cannot report, or a what-if fleet for `explain`).
+    #[serde(default)]
+    pub models: Vec<ModelFile>,
+    /// For `backend: sim`: the simulated node the gateway starts in-process on `url`'s port.
+    pub sim: Option<SimSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    pub name: String,
+    pub size_gb: Option<f64>,
+    pub context: Option<u32>,
+    #[serde(default)]
+    pub loaded: bool,
+}

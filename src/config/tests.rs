@@ -1,0 +1,92 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+fleet:
+  nodes:
+    - id: box1
+      url: http://127.0.0.1:11434
+      backend: ollama
+"#;
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = Config::from_yaml(MINIMAL).expect("valid");
+    assert_eq!(c.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.nodes[0].families, vec![Family::OpenAI, Family::Ollama]);
+    assert_eq!(c.nodes[0].host, "127.0.0.1:11434");
+    assert_eq!(c.limits.max_body_bytes, 32 * 1024 * 1024);
+}
+
+#[test]
+fn unknown_field_is_named() {
+    let err = Config::from_yaml("server:\n  lisen: 1.2.3.4:1\n").unwrap_err();
+    assert!(err.to_string().contains("lisen"), "{err}");
+}
+
+#[test]
+fn errors_name_field_value_and_expectation() {
+    let yaml = r#"
+server:
+  listen: "nope"
+fleet:
+  nodes:
+    - id: a
+      url: ftp://x
+      backend: openai
+      capacity: 0
+    - id: a
+      url: http://127.0.0.1:1
+      backend: sim
+"#;
+    let err = Config::from_yaml(yaml).unwrap_err().0;
+    let all = err.join("\n");
+    assert!(
+        all.contains("field `server.listen`: value \"nope\""),
+        "{all}"
+    );
+    assert!(
+        all.contains("field `fleet.nodes[0].url`: value \"ftp://x\""),
+        "{all}"
+    );
+    assert!(
+        all.contains("field `fleet.nodes[0].capacity`: value 0: expected at least 1"),
+        "{all}"
+    );
+    assert!(
+        all.contains("field `fleet.nodes[1].id`: value \"a\": expected a unique id"),
+        "{all}"
+    );
+    assert!(all.contains("field `fleet.nodes[1].sim`: missing"), "{all}");
+}
+
+#[test]
+fn env_overrides_apply_and_bad_numbers_are_named() {
+    let mut f = Config::parse(MINIMAL).unwrap();
+    apply_env(&mut f, |k| match k {
+        "FLEETGATE_LISTEN" => Some("127.0.0.1:7000".into()),
+        "FLEETGATE_THREADS" => Some("3".into()),
+        _ => None,
+    })
+    .unwrap();
+    let c = validate(f).unwrap();
+    assert_eq!(c.listen.port(), 7000);
+    assert_eq!(c.threads, 3);
+
+    let mut f = Config::parse(MINIMAL).unwrap();
+    let err = apply_env(&mut f, |k| {
+        (k == "FLEETGATE_RETRIES").then(|| "many".into())
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("FLEETGATE_RETRIES"), "{err}");
+}
+
+#[test]
+fn url_forms() {
+    assert!(parse_url("http://127.0.0.1:8000").is_ok());
+    assert_eq!(parse_url("http://localhost").unwrap().1.port(), 80);
+    assert!(parse_url("https://x:1").unwrap_err().contains("TLS"));
+    assert!(parse_url("http://127.0.0.1:8000/v1")
+        .unwrap_err()
+        .contains("no path"));
+}

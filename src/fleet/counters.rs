@@ -1,0 +1,126 @@
+//! Per node:model counters: in flight, pending, latency window (p75), observed tokens/s.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::NodeState;
+use crate::routing::ModelLoad;
+
+const WINDOW: usize = 128;
+
+#[derive(Debug, Default)]
+pub struct ModelCounters {
+    pub in_flight: AtomicU32,
+    pub pending: AtomicU32,
+    /// p75 of the latency window in ms, as f64 bits (0 = no history).
+    p75_bits: AtomicU64,
+    /// EWMA of output tokens/s, as f64 bits (0 = unknown).
+    tps_bits: AtomicU64,
+    window: Mutex<Vec<f64>>,
+    next: AtomicU64,
+}
+
+impl ModelCounters {
+    pub fn load(&self) -> ModelLoad {
+        let p75 = f64::from_bits(self.p75_bits.load(Ordering::Relaxed));
+        let tps = f64::from_bits(self.tps_bits.load(Ordering::Relaxed));
+        ModelLoad {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            pending: self.pending.load(Ordering::Relaxed),
+            p75_ms: (p75 > 0.0).then_some(p75),
+            observed_tps: (tps > 0.0).then_some(tps),
+        }
+    }
+
+    /// Record one completed request's total latency.
+    pub fn observe_latency(&self, ms: f64) {
+        let mut w = self.window.lock();
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        if w.len() < WINDOW {
+            w.push(ms);
+        } else {
+            w[i % WINDOW] = ms;
+        }
+        let mut sorted = w.clone();
+        sorted.sort_by(f64::total_cmp);
+        let p75 = sorted[(sorted.len() * 3 / 4).min(sorted.len() - 1)];
+        self.p75_bits.store(p75.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Record observed output tokens/s (EWMA, alpha 0.2).
+    pub fn observe_tps(&self, tps: f64) {
+        if !(tps.is_finite() && tps > 0.0) {
+            return;
+        }
+        let old = f64::from_bits(self.tps_bits.load(Ordering::Relaxed));
+        let new = if old > 0.0 {
+            old * 0.8 + tps * 0.2
+        } else {
+            tps
+        };
+        self.tps_bits.store(new.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// A seat on node:model, held while the request runs; dropping it releases the seat.
+#[derive(Debug)]
+pub struct Lease {
+    pub node: usize,
+    node_in_flight: Arc<AtomicU32>,
+    pub counters: Arc<ModelCounters>,
+}
+
+impl Lease {
+    pub(super) fn new(node: &NodeState, idx: usize, counters: Arc<ModelCounters>) -> Lease {
+        node.in_flight.fetch_add(1, Ordering::Relaxed);
+        counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        Lease {
+            node: idx,
+            node_in_flight: node.in_flight.clone(),
+            counters,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.node_in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p75_of_window() {
+        let c = ModelCounters::default();
+        assert_eq!(c.load().p75_ms, None);
+        for ms in [100.0, 200.0, 300.0, 400.0] {
+            c.observe_latency(ms);
+        }
+        assert_eq!(c.load().p75_ms, Some(400.0));
+        for _ in 0..200 {
+            c.observe_latency(50.0);
+        }
+        assert_eq!(
+            c.load().p75_ms,
+            Some(50.0),
+            "old samples age out of the window"
+        );
+    }
+
+    #[test]
+    fn lease_counts_and_releases() {
+        let node = NodeState::default();
+        let lease = Lease::new(&node, 0, node.counters("m"));
+        assert_eq!(node.in_flight.load(Ordering::Relaxed), 1);
+        assert_eq!(node.counters("m").load().in_flight, 1);
+        drop(lease);
+        assert_eq!(node.in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(node.counters("m").load().in_flight, 0);
+    }
+}
