@@ -9,5 +9,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod queue;
 pub mod routing;
+pub mod server;
 pub mod services;
 pub mod sim;

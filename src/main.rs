@@ -1,1 +1,117 @@
-fn main() {}
+//! The `fleetgate` binary: CLI and server bootstrap only.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use fleetgate::config::Config;
+
+/// Exit code for a bad configuration (EX_CONFIG-like usage error, before any port is bound).
+const EXIT_CONFIG: u8 = 64;
+
+#[derive(Parser)]
+#[command(name = "fleetgate", version, about = "LLM fleet gateway: one URL in front of many inference nodes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Config file for `run` when no subcommand is given.
+    #[arg(long, global = true, default_value = "conf/fleetgate.yaml")]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (default).
+    Run,
+    /// Validate config files; exit 64 with every problem named.
+    Check { files: Vec<PathBuf> },
+    /// Run the simulated nodes a config file describes (`backend: sim` nodes with a `sim:` block).
+    Sim,
+}
+
+fn load(path: &PathBuf) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|e| {
+        eprintln!("{}: invalid configuration:", path.display());
+        for line in &e.0 {
+            eprintln!("  - {line}");
+        }
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => run(&cli.config),
+        Command::Check { files } => check(&files),
+        Command::Sim => sim(&cli.config),
+    }
+}
+
+fn run(path: &PathBuf) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let (listen, nodes) = (config.listen, config.nodes.len());
+    match fleetgate::server::prepare(config) {
+        Ok(p) => {
+            log::info!("fleetgate listening on {listen}, admin on {}, {nodes} nodes", p.admin_addr);
+            p.server.run_forever()
+        }
+        Err(e) => {
+            eprintln!("fleetgate: cannot start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(files: &[PathBuf]) -> ExitCode {
+    if files.is_empty() {
+        eprintln!("usage: fleetgate check FILE...");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let mut bad = false;
+    for f in files {
+        match load(f) {
+            Ok(c) => println!("ok: {} ({} nodes)", f.display(), c.nodes.len()),
+            Err(_) => bad = true,
+        }
+    }
+    if bad {
+        ExitCode::from(EXIT_CONFIG)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn sim(path: &PathBuf) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let specs: Vec<_> = config
+        .nodes
+        .into_iter()
+        .filter_map(|n| n.sim.map(|s| (n.id, n.addr, s)))
+        .collect();
+    if specs.is_empty() {
+        eprintln!("{}: no node has a sim: block", path.display());
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fleetgate sim: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fleetgate::sim::run_cli(specs)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleetgate sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -256,9 +256,6 @@ fn validate_node(
         }
     }
     match (n.backend, &n.sim) {
-        (Backend::Sim, None) => errors.push(format!(
-            "field `{at}.sim`: missing: expected a sim block (models, seats ...) for backend sim"
-        )),
         (Backend::Sim, Some(sim)) if sim.models.is_empty() => errors.push(format!(
             "field `{at}.sim.models`: empty: expected at least one model"
         )),

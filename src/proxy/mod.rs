@@ -1,1 +1,186 @@
-//! proxy
+//! The Pingora `ProxyHttp` implementation: each hook a short dispatcher into the modules.
+//!
+//! A client request is handled in `request_filter`: body read once (bounded), parsed, routed,
+//! and then re-issued as a Pingora subrequest carrying the already-read body (Pingora 0.9
+//! replays at most 64 KiB of a body read in `request_filter`; the subrequest path has no limit).
+//! The subrequest runs the upstream hooks (`upstream_peer`, failover, response headers) and its
+//! response is piped back to the client unbuffered.
+
+mod dispatch;
+mod handle;
+pub mod intake;
+mod local;
+mod respond;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::HttpPeer;
+use pingora::{Error, Result};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+
+pub use dispatch::{Attempts, Dispatch};
+pub use local::models as fleet_models;
+
+use crate::fleet::Fleet;
+use crate::metrics::METRICS;
+
+/// Response headers that say what routing did.
+pub const NODE_HEADER: &str = "x-fleet-node";
+pub const SERVED_MODEL_HEADER: &str = "x-fleet-served-model";
+pub const REQUESTED_MODEL_HEADER: &str = "x-fleet-requested-model";
+pub const FALLBACK_HEADER: &str = "x-fleet-fallback";
+pub const RETRIES_HEADER: &str = "x-fleet-retries";
+pub const SCORE_HEADER: &str = "x-fleet-score";
+
+pub struct Gateway {
+    fleet: Arc<Fleet>,
+}
+
+impl Gateway {
+    pub fn new(fleet: Arc<Fleet>) -> Gateway {
+        Gateway { fleet }
+    }
+}
+
+/// Per-request context; only the subrequest (the upstream leg) carries a dispatch.
+#[derive(Default)]
+pub struct RequestCtx {
+    pub dispatch: Option<Arc<Dispatch>>,
+}
+
+/// The dispatch a client request attached to this subrequest, if this is one.
+fn take_dispatch(session: &mut Session) -> Option<Arc<Dispatch>> {
+    let user = session.subrequest_ctx.as_mut()?.user_ctx_mut()?;
+    user.downcast_mut::<Arc<Dispatch>>().cloned()
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &RequestCtx) -> bool {
+        session.subrequest_ctx.is_none()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        if session.subrequest_ctx.is_some() {
+            ctx.dispatch = take_dispatch(session);
+            return match ctx.dispatch {
+                Some(_) => Ok(false),
+                None => Error::e_explain(pingora::ErrorType::InternalError, "subrequest without dispatch"),
+            };
+        }
+        handle::client_request(&self.fleet, session).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        let Some(d) = &ctx.dispatch else {
+            return Error::e_explain(pingora::ErrorType::InternalError, "no dispatch for upstream");
+        };
+        let node = self.fleet.node_config(d.choice().node);
+        let limits = &self.fleet.config.limits;
+        let mut peer = HttpPeer::new(node.addr, false, String::new());
+        peer.options.connection_timeout = Some(limits.connect_timeout);
+        peer.options.read_timeout = Some(limits.read_timeout);
+        peer.options.write_timeout = Some(limits.write_timeout);
+        peer.options.idle_timeout = Some(limits.pool_idle_timeout);
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        let Some(d) = &ctx.dispatch else { return e };
+        let failed = d.choice().node_id.clone();
+        d.state.lock().error = Some(format!("connect to {failed}: {e}"));
+        match d.next_attempt() {
+            Some(next) => {
+                let c = &d.ranked[next];
+                let lease = self.fleet.lease(c.node, &c.model);
+                d.state.lock().lease = Some(lease);
+                METRICS.retries.with_label_values(&[&failed]).inc();
+                e.set_retry(true);
+            }
+            None => e.set_retry(false),
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(d) = &ctx.dispatch {
+            upstream.insert_header("host", self.fleet.node_config(d.choice().node).host.as_str())?;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let Some(d) = &ctx.dispatch else { return Ok(()) };
+        let c = d.choice();
+        let retries = {
+            let mut st = d.state.lock();
+            st.status = Some(resp.status.as_u16());
+            st.retries
+        };
+        resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
+        resp.insert_header(SERVED_MODEL_HEADER, c.model.as_str())?;
+        resp.insert_header(REQUESTED_MODEL_HEADER, d.requested_model.as_str())?;
+        resp.insert_header(FALLBACK_HEADER, if c.fallback { "true" } else { "false" })?;
+        resp.insert_header(RETRIES_HEADER, retries.to_string())?;
+        resp.insert_header(SCORE_HEADER, format!("{:.1}", c.score))?;
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        if let (Some(d), Some(b)) = (&ctx.dispatch, body.as_ref()) {
+            let mut st = d.state.lock();
+            if st.first_byte.is_none() && !b.is_empty() {
+                st.first_byte = Some(Instant::now());
+            }
+            st.body_bytes += b.len();
+        }
+        Ok(None)
+    }
+
+    async fn fail_to_proxy(&self, _session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+        // The client-facing request writes the native error (or ends the stream) itself.
+        if let Some(d) = &ctx.dispatch {
+            let mut st = d.state.lock();
+            if st.error.is_none() || st.status.is_some() {
+                st.error = Some(e.to_string());
+            }
+        }
+        FailToProxy {
+            error_code: 502,
+            can_reuse_downstream: false,
+        }
+    }
+}

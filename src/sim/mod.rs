@@ -33,3 +33,10 @@ pub struct SimModel {
     #[serde(default)]
     pub embedding: bool,
 }
+pub struct SimHandle;
+pub async fn start(_spec: SimSpec, _l: std::net::TcpListener) -> std::io::Result<SimHandle> {
+    Err(std::io::Error::other("stub"))
+}
+pub async fn run_cli(_s: Vec<(String, std::net::SocketAddr, SimSpec)>) -> anyhow::Result<()> {
+    Ok(())
+}

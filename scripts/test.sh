@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run every test: unit, property, integration (real gateway + simulated nodes on 127.0.0.1)
+# and the official Python SDKs against the gateway. Installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh --sdks
+export FLEETGATE_TEST_PYTHON="$PWD/.venv/bin/python"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --all-targets --no-fail-fast "$@"
+  cargo test --doc -q
+else
+  cargo test --all-targets "$@"
+fi

@@ -1,0 +1,62 @@
+//! The decision for one request, shared between the client-facing request and the subrequest
+//! that carries it upstream (the subrequest is how a fully-read body of any size is replayed).
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::fleet::Lease;
+use crate::protocol::Endpoint;
+use crate::routing::Choice;
+
+/// What the client-facing request hands to its subrequest.
+#[derive(Debug)]
+pub struct Dispatch {
+    pub endpoint: Endpoint,
+    pub requested_model: String,
+    /// Winner first, then same-model runners-up for failover.
+    pub ranked: Vec<Choice>,
+    pub body: Bytes,
+    pub started: Instant,
+    pub max_retries: u32,
+    pub state: Mutex<Attempts>,
+}
+
+/// Where the request is and what happened to it so far.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    /// Index into `ranked` of the current attempt.
+    pub current: usize,
+    /// Indexes into `ranked` already tried.
+    pub tried: Vec<usize>,
+    pub retries: u32,
+    pub lease: Option<Lease>,
+    pub status: Option<u16>,
+    pub first_byte: Option<Instant>,
+    /// The error that ended the attempt(s), when the upstream failed.
+    pub error: Option<String>,
+    /// Response body bytes sent to the client.
+    pub body_bytes: usize,
+}
+
+impl Dispatch {
+    pub fn choice(&self) -> &Choice {
+        let i = self.state.lock().current;
+        &self.ranked[i]
+    }
+
+    /// Move to the next candidate not yet tried; None when there is none or retries are spent.
+    pub fn next_attempt(&self) -> Option<usize> {
+        let mut st = self.state.lock();
+        if st.retries >= self.max_retries {
+            return None;
+        }
+        let cur = st.current;
+        st.tried.push(cur);
+        let next = (0..self.ranked.len()).find(|i| !st.tried.contains(i))?;
+        st.current = next;
+        st.retries += 1;
+        Some(next)
+    }
+}

@@ -1,0 +1,174 @@
+//! The client-facing leg of a request: intake, decision, seat, subrequest, accounting.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use pingora::Result;
+use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
+use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
+use pingora_proxy::Session;
+
+use super::dispatch::{Attempts, Dispatch};
+use super::{intake, local, respond};
+use crate::fleet::Fleet;
+use crate::metrics::METRICS;
+use crate::protocol::{self, Endpoint, ErrorCode, Family};
+use crate::routing::{self, NoRoute};
+use crate::services::now_ms;
+
+/// Serve one client request completely (the response is written when this returns Ok).
+pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result<()> {
+    let method = session.req_header().method.as_str().to_string();
+    let path = session.req_header().uri.path().to_string();
+    if let Some(l) = protocol::detect_local(&method, &path) {
+        return local::answer(session, fleet, l).await;
+    }
+    let Some(ep) = protocol::detect(&method, &path) else {
+        let family = respond::family_of_path(&path);
+        let msg = format!("unknown endpoint {method} {path}");
+        record_local(family, "-", ErrorCode::InvalidRequest);
+        return respond::error(session, family, ErrorCode::InvalidRequest, &msg).await;
+    };
+    let family = ep.family();
+    let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
+        Ok(b) => b,
+        Err((code, msg)) => return fail(session, ep, code, &msg).await,
+    };
+    let parsed = match protocol::parse(ep, &body) {
+        Ok(p) => p,
+        Err(e) => return fail(session, ep, ErrorCode::InvalidRequest, &e.message).await,
+    };
+    let req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
+    let view = fleet.view();
+    let decision = routing::decide(&req, &view, &fleet.config.routing.policy, fleet.as_ref(), now_ms());
+    let Some(winner) = decision.winner().cloned() else {
+        let (code, msg) = match decision.no_route.unwrap_or(NoRoute::NoProvider) {
+            NoRoute::ModelNotFound => (
+                ErrorCode::ModelNotFound,
+                format!("model '{}' not found on any node", parsed.model),
+            ),
+            NoRoute::ContextTooLong => (
+                ErrorCode::ContextLengthExceeded,
+                format!(
+                    "request needs about {} prompt tokens plus output; no node's context window for '{}' fits",
+                    req.prompt_tokens, req.models[0]
+                ),
+            ),
+            NoRoute::PinUnavailable => (
+                ErrorCode::NoProviderAvailable,
+                format!("pinned node '{}' cannot serve this request now", req.pin.clone().unwrap_or_default()),
+            ),
+            NoRoute::NoProvider => (
+                ErrorCode::NoProviderAvailable,
+                format!("no node can serve model '{}' right now", req.models[0]),
+            ),
+        };
+        return fail(session, ep, code, &msg).await;
+    };
+    let body = if winner.model != parsed.model {
+        protocol::rewrite_model(&body, &winner.model).unwrap_or(body)
+    } else {
+        body
+    };
+    let ranked: Vec<_> = decision.ranked.iter().filter(|c| c.model == winner.model).cloned().collect();
+    let lease = fleet.lease(winner.node, &winner.model);
+    let dispatch = Arc::new(Dispatch {
+        endpoint: ep,
+        requested_model: parsed.model.clone(),
+        ranked,
+        body,
+        started: Instant::now(),
+        max_retries: fleet.config.routing.retries,
+        state: Mutex::new(Attempts {
+            lease: Some(lease),
+            ..Attempts::default()
+        }),
+    });
+    let _ = family;
+    proxy_via_subrequest(session, &dispatch).await?;
+    record(&dispatch);
+    Ok(())
+}
+
+/// Answer with an error the gateway produced before any node was involved.
+async fn fail(session: &mut Session, ep: Endpoint, code: ErrorCode, msg: &str) -> Result<()> {
+    record_local(ep.family(), ep.label(), code);
+    respond::error(session, ep.family(), code, msg).await
+}
+
+fn record_local(_family: Family, protocol: &str, code: ErrorCode) {
+    METRICS
+        .requests
+        .with_label_values(&["-", "-", protocol, &code.status().to_string()])
+        .inc();
+}
+
+/// Send the request upstream through a subrequest that carries the body, piping the response.
+async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
+    let Some(spawner) = session.subrequest_spawner.as_ref() else {
+        return respond::error(session, d.endpoint.family(), ErrorCode::UpstreamError, "subrequests disabled").await;
+    };
+    let ctx = SubCtx::builder()
+        .user_ctx(Box::new(d.clone()))
+        .body_mode(BodyMode::ExpectBody)
+        .build();
+    let (mut sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
+    {
+        let h = sub.session_mut().req_header_mut();
+        h.remove_header("transfer-encoding");
+        h.insert_header("content-length", d.body.len().to_string())?;
+        for name in [
+            intake::PIN_HEADER,
+            intake::CONVERSATION_HEADER,
+            intake::TAGS_HEADER,
+            intake::NO_FALLBACK_HEADER,
+        ] {
+            h.remove_header(name);
+        }
+    }
+    let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
+    let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
+    let join = match result {
+        Ok(mut state) => state.join_handle.take(),
+        Err(mut e) => {
+            let mut st = d.state.lock();
+            if st.error.is_none() {
+                st.error = Some(e.error.to_string());
+            }
+            drop(st);
+            e.state.join_handle.take()
+        }
+    };
+    if let Some(j) = join {
+        let _ = j.await;
+    }
+    if session.response_written().is_none() {
+        let msg = d.state.lock().error.clone().unwrap_or_else(|| "upstream failed".into());
+        let (code, msg) = (ErrorCode::UpstreamError, format!("node {} failed: {msg}", d.choice().node_id));
+        d.state.lock().status = Some(code.status());
+        return respond::error(session, d.endpoint.family(), code, &msg).await;
+    }
+    Ok(())
+}
+
+/// Count the outcome of a proxied request and release its seat.
+fn record(d: &Dispatch) {
+    let c = d.choice();
+    let mut st = d.state.lock();
+    st.lease = None;
+    let status = st.status.unwrap_or(502).to_string();
+    let labels = [c.node_id.as_str(), c.model.as_str()];
+    METRICS
+        .requests
+        .with_label_values(&[labels[0], labels[1], d.endpoint.label(), &status])
+        .inc();
+    let total = d.started.elapsed();
+    METRICS.duration.with_label_values(&labels).observe(total.as_secs_f64());
+    if let Some(fb) = st.first_byte {
+        METRICS
+            .ttft
+            .with_label_values(&labels)
+            .observe(fb.duration_since(d.started).as_secs_f64());
+    }
+}

@@ -1,0 +1,88 @@
+//! Request intake: read the body (bounded), and turn body + `X-Fleet-*` headers into a
+//! `RouteRequest`.
+
+use bytes::{Bytes, BytesMut};
+use pingora::http::RequestHeader;
+use pingora::Result;
+use pingora_proxy::Session;
+
+use crate::config::Config;
+use crate::protocol::{Endpoint, ErrorCode, ParsedRequest};
+use crate::routing::RouteRequest;
+
+pub const PIN_HEADER: &str = "x-fleet-pin-node";
+pub const CONVERSATION_HEADER: &str = "x-fleet-conversation";
+pub const TAGS_HEADER: &str = "x-fleet-tags";
+pub const NO_FALLBACK_HEADER: &str = "x-fleet-no-fallback";
+
+/// Read the whole request body, refusing more than `max` bytes (413).
+/// The outer `Result` is an I/O failure talking to the client.
+pub async fn read_body(session: &mut Session, max: usize) -> Result<Result<Bytes, (ErrorCode, String)>> {
+    let too_large = || {
+        Err((
+            ErrorCode::RequestTooLarge,
+            format!("request body exceeds the gateway limit of {max} bytes"),
+        ))
+    };
+    let declared = header_str(session.req_header(), "content-length").and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max) {
+        session.set_keepalive(None);
+        return Ok(too_large());
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(4096).min(max));
+    while let Some(chunk) = session.read_request_body().await? {
+        if buf.len() + chunk.len() > max {
+            session.set_keepalive(None);
+            return Ok(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Ok(buf.freeze()))
+}
+
+pub fn header_str<'a>(h: &'a RequestHeader, name: &str) -> Option<&'a str> {
+    h.headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
+}
+
+fn truthy(v: Option<&str>) -> bool {
+    v.is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
+}
+
+/// Resolve a client-facing model name through the configured aliases.
+pub fn resolve<'a>(config: &'a Config, model: &'a str) -> &'a str {
+    config.aliases.get(model).map_or(model, String::as_str)
+}
+
+/// Build what routing sees from the parsed body and the request headers.
+pub fn route_request(config: &Config, ep: Endpoint, parsed: &ParsedRequest, h: &RequestHeader) -> RouteRequest {
+    let primary = resolve(config, &parsed.model).to_string();
+    let mut models = vec![primary.clone()];
+    if !truthy(header_str(h, NO_FALLBACK_HEADER)) {
+        let fallbacks = if parsed.fallback_models.is_empty() {
+            config.fallbacks.get(&primary).cloned().unwrap_or_default()
+        } else {
+            parsed.fallback_models.clone()
+        };
+        for f in fallbacks {
+            let f = resolve(config, &f).to_string();
+            if !models.contains(&f) {
+                models.push(f);
+            }
+        }
+    }
+    let mut required_tags: Vec<String> = header_str(h, TAGS_HEADER)
+        .map(|v| v.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect())
+        .unwrap_or_default();
+    if parsed.images > 0 && !required_tags.iter().any(|t| t == "vision") {
+        required_tags.push("vision".into());
+    }
+    RouteRequest {
+        models,
+        family: Some(ep.family()),
+        prompt_tokens: parsed.estimated_prompt_tokens(config.routing.chars_per_token),
+        max_output_tokens: parsed.max_tokens,
+        required_tags,
+        pin: header_str(h, PIN_HEADER).map(str::to_string),
+        ..RouteRequest::default()
+    }
+}

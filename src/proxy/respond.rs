@@ -1,0 +1,45 @@
+//! Answers the gateway writes itself: native protocol errors and local JSON endpoints.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::Result;
+use pingora_proxy::Session;
+
+use crate::protocol::{self, ErrorCode, Family};
+
+/// Seconds a client should wait before retrying a 503 / 429.
+pub const RETRY_AFTER_S: u32 = 2;
+
+/// Write a complete JSON response.
+pub async fn json(session: &mut Session, status: u16, body: Bytes, retry_after: Option<u32>) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(4))?;
+    h.insert_header("content-type", "application/json")?;
+    h.insert_header("content-length", body.len().to_string())?;
+    if let Some(s) = retry_after {
+        h.insert_header("retry-after", s.to_string())?;
+    }
+    let head = session.req_header().method == http::Method::HEAD;
+    session.write_response_header(Box::new(h), head).await?;
+    if !head {
+        session.write_response_body(Some(body), true).await?;
+    }
+    Ok(())
+}
+
+/// Write an error in the client's protocol shape, with `Retry-After` where the code calls for it.
+pub async fn error(session: &mut Session, family: Family, code: ErrorCode, message: &str) -> Result<()> {
+    let retry_after = matches!(code, ErrorCode::NoProviderAvailable | ErrorCode::QueueFull)
+        .then_some(RETRY_AFTER_S);
+    json(session, code.status(), protocol::error_body(family, code, message), retry_after).await
+}
+
+/// The protocol family a path belongs to, for errors on requests that did not parse.
+pub fn family_of_path(path: &str) -> Family {
+    if path.starts_with("/api/") {
+        Family::Ollama
+    } else if path.starts_with("/v1/messages") {
+        Family::Anthropic
+    } else {
+        Family::OpenAI
+    }
+}

@@ -1,0 +1,119 @@
+//! Server bootstrap: fleet state, in-process simulated nodes, the Pingora proxy service and the
+//! background services, assembled from a validated `Config`.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::services::background::background_service;
+use pingora_proxy::http_proxy_service_with_name;
+
+use crate::admin::AdminService;
+use crate::config::{Backend, Config};
+use crate::fleet::Fleet;
+use crate::proxy::Gateway;
+use crate::services::health::HealthPoller;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("admin_listen {addr}: {source}")]
+    AdminBind { addr: String, source: std::io::Error },
+    #[error("sim node {id} on {addr}: {source}")]
+    Sim { id: String, addr: String, source: std::io::Error },
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// A gateway ready to `run`: the Pingora server plus the fleet it routes over.
+pub struct Prepared {
+    pub server: Server,
+    pub fleet: Arc<Fleet>,
+    pub admin_addr: std::net::SocketAddr,
+}
+
+/// Build everything, start `backend: sim` nodes that carry a `sim:` block, and poll the fleet
+/// once so the first request is routed on real state.
+pub fn prepare(config: Config) -> Result<Prepared, StartError> {
+    let config = Arc::new(config);
+    start_sim_nodes(&config)?;
+    let fleet = Fleet::new(config.clone());
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
+    rt.block_on(HealthPoller::new(fleet.clone()).poll_all());
+    drop(rt);
+
+    let conf = ServerConf {
+        threads: config.threads,
+        grace_period_seconds: Some(config.grace_period_s),
+        graceful_shutdown_timeout_seconds: Some(5),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let mut proxy = http_proxy_service_with_name(&server.configuration, Gateway::new(fleet.clone()), "fleetgate");
+    proxy.add_tcp(&config.listen.to_string());
+    server.add_service(proxy);
+
+    server.add_service(background_service("health poller", HealthPoller::new(fleet.clone())));
+
+    let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
+        addr: config.admin_listen.to_string(),
+        source,
+    })?;
+    let admin_addr = admin.local_addr().map_err(StartError::Runtime)?;
+    server.add_service(background_service("admin", AdminService::new(fleet.clone(), admin)));
+
+    Ok(Prepared {
+        server,
+        fleet,
+        admin_addr,
+    })
+}
+
+/// Start the simulated nodes described in the config on their own runtime thread; they live
+/// as long as the process.
+fn start_sim_nodes(config: &Config) -> Result<(), StartError> {
+    let specs: Vec<_> = config
+        .nodes
+        .iter()
+        .filter(|n| n.backend == Backend::Sim)
+        .filter_map(|n| n.sim.clone().map(|s| (n.id.clone(), n.addr, s)))
+        .collect();
+    if specs.is_empty() {
+        return Ok(());
+    }
+    let mut listeners = Vec::new();
+    for (id, addr, spec) in specs {
+        let l = TcpListener::bind(addr).map_err(|source| StartError::Sim {
+            id: id.clone(),
+            addr: addr.to_string(),
+            source,
+        })?;
+        listeners.push((spec, l));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sim")
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            let mut handles = Vec::new();
+            for (spec, l) in listeners {
+                match crate::sim::start(spec, l).await {
+                    Ok(h) => handles.push(h),
+                    Err(e) => log::error!("sim node: {e}"),
+                }
+            }
+            std::future::pending::<()>().await;
+            drop(handles);
+        });
+    });
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Test harness: simulated nodes and a real gateway (Pingora server) on 127.0.0.1 ephemeral
+//! ports, in this process. No sleeps to synchronise: readiness is a successful connect.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use fleetgate::config::Config;
+use fleetgate::fleet::Fleet;
+use fleetgate::sim::{SimControl, SimHandle, SimSpec};
+use pingora::server::{RunArgs, ShutdownSignal, ShutdownSignalWatch};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+
+pub fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("test runtime")
+}
+
+/// A free port on 127.0.0.1 (bound and released; the gateway binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
+}
+
+/// Start a sim node on an ephemeral port.
+pub fn sim(rt: &Runtime, yaml: &str) -> SimHandle {
+    let spec: SimSpec = serde_yaml::from_str(yaml).expect("sim spec");
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind sim");
+    rt.block_on(fleetgate::sim::start(spec, l)).expect("start sim")
+}
+
+struct Stop(parking_lot::Mutex<Option<oneshot::Receiver<()>>>);
+
+#[async_trait]
+impl ShutdownSignalWatch for Stop {
+    async fn recv(&self) -> ShutdownSignal {
+        let rx = self.0.lock().take();
+        if let Some(rx) = rx {
+            let _ = rx.await;
+        }
+        ShutdownSignal::FastShutdown
+    }
+}
+
+/// A running gateway; stops when dropped.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub fleet: Arc<Fleet>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Gateway {
+    /// Start a gateway from YAML; `server.listen`/`admin_listen` are filled with free ports.
+    pub fn start(yaml: &str) -> Gateway {
+        let port = free_port();
+        let full = format!(
+            "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:0\n  threads: 2\n{yaml}"
+        );
+        let config = Config::from_yaml(&full).unwrap_or_else(|e| panic!("config: {e}\n{full}"));
+        let prepared = fleetgate::server::prepare(config).expect("prepare gateway");
+        let (tx, rx) = oneshot::channel();
+        let server = prepared.server;
+        std::thread::spawn(move || {
+            server.run(RunArgs {
+                shutdown_signal: Box::new(Stop(parking_lot::Mutex::new(Some(rx)))),
+            })
+        });
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "gateway did not start listening");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Gateway {
+            addr,
+            admin: prepared.admin_addr,
+            fleet: prepared.fleet,
+            stop: Some(tx),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// YAML for one fleet node pointing at a running sim.
+pub fn node(id: &str, sim: &SimHandle, extra: &str) -> String {
+    format!(
+        "    - id: {id}\n      url: http://{}\n      backend: sim\n{extra}",
+        sim.addr()
+    )
+}
+
+pub fn fleet(nodes: &[String]) -> String {
+    format!("fleet:\n  nodes:\n{}", nodes.concat())
+}
+
+pub fn control(sim: &SimHandle) -> Arc<SimControl> {
+    sim.control()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
+}
