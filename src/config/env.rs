@@ -2,16 +2,6 @@
 
 use super::{ConfigError, FileConfig};
 
-/// The variables read, for `--help` and the reference config.
-pub const ENV_VARS: &[&str] = &[
-    "FLEETGATE_LISTEN",
-    "FLEETGATE_ADMIN_LISTEN",
-    "FLEETGATE_THREADS",
-    "FLEETGATE_ADMIN_TOKEN",
-    "FLEETGATE_MAX_BODY_BYTES",
-    "FLEETGATE_POLL_INTERVAL_MS",
-    "FLEETGATE_RETRIES",
-];
 
 /// Apply overrides; `get` reads a variable (injected so tests need not touch the process env).
 pub fn apply_env(

@@ -36,6 +36,8 @@ pub struct Attempts {
     pub first_byte: Option<Instant>,
     /// The error that ended the attempt(s), when the upstream failed.
     pub error: Option<String>,
+    /// Every attempt failed to connect: nothing reached any node.
+    pub unreachable: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
 }

@@ -113,20 +113,7 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         .user_ctx(Box::new(d.clone()))
         .body_mode(BodyMode::ExpectBody)
         .build();
-    let (mut sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
-    {
-        let h = sub.session_mut().req_header_mut();
-        h.remove_header("transfer-encoding");
-        h.insert_header("content-length", d.body.len().to_string())?;
-        for name in [
-            intake::PIN_HEADER,
-            intake::CONVERSATION_HEADER,
-            intake::TAGS_HEADER,
-            intake::NO_FALLBACK_HEADER,
-        ] {
-            h.remove_header(name);
-        }
-    }
+    let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
     let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
     let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
     let join = match result {
@@ -144,8 +131,15 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         let _ = j.await;
     }
     if session.response_written().is_none() {
-        let msg = d.state.lock().error.clone().unwrap_or_else(|| "upstream failed".into());
-        let (code, msg) = (ErrorCode::UpstreamError, format!("node {} failed: {msg}", d.choice().node_id));
+        let (unreachable, err) = {
+            let st = d.state.lock();
+            (st.unreachable, st.error.clone().unwrap_or_else(|| "upstream failed".into()))
+        };
+        let (code, msg) = if unreachable {
+            (ErrorCode::NoProviderAvailable, format!("no node could be reached: {err}"))
+        } else {
+            (ErrorCode::UpstreamError, format!("node {} failed: {err}", d.choice().node_id))
+        };
         d.state.lock().status = Some(code.status());
         return respond::error(session, d.endpoint.family(), code, &msg).await;
     }

@@ -58,6 +58,21 @@ fn take_dispatch(session: &mut Session) -> Option<Arc<Dispatch>> {
     user.downcast_mut::<Arc<Dispatch>>().cloned()
 }
 
+/// The request as the node sees it: the (possibly rewritten) body's length, no fleet headers.
+fn prepare_upstream_header(h: &mut RequestHeader, body_len: usize) -> Result<()> {
+    h.remove_header("transfer-encoding");
+    h.insert_header("content-length", body_len.to_string())?;
+    for name in [
+        intake::PIN_HEADER,
+        intake::CONVERSATION_HEADER,
+        intake::TAGS_HEADER,
+        intake::NO_FALLBACK_HEADER,
+    ] {
+        h.remove_header(name);
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
@@ -72,11 +87,12 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         if session.subrequest_ctx.is_some() {
-            ctx.dispatch = take_dispatch(session);
-            return match ctx.dispatch {
-                Some(_) => Ok(false),
-                None => Error::e_explain(pingora::ErrorType::InternalError, "subrequest without dispatch"),
+            let Some(d) = take_dispatch(session) else {
+                return Error::e_explain(pingora::ErrorType::InternalError, "subrequest without dispatch");
             };
+            prepare_upstream_header(session.req_header_mut(), d.body.len())?;
+            ctx.dispatch = Some(d);
+            return Ok(false);
         }
         handle::client_request(&self.fleet, session).await?;
         Ok(true)
@@ -105,7 +121,7 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         let Some(d) = &ctx.dispatch else { return e };
         let failed = d.choice().node_id.clone();
-        d.state.lock().error = Some(format!("connect to {failed}: {e}"));
+        d.state.lock().error = Some(format!("cannot connect to node {failed} ({})", e.etype().as_str()));
         match d.next_attempt() {
             Some(next) => {
                 let c = &d.ranked[next];
@@ -114,7 +130,10 @@ impl ProxyHttp for Gateway {
                 METRICS.retries.with_label_values(&[&failed]).inc();
                 e.set_retry(true);
             }
-            None => e.set_retry(false),
+            None => {
+                d.state.lock().unreachable = true;
+                e.set_retry(false);
+            }
         }
         e
     }
