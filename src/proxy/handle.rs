@@ -150,14 +150,18 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
 fn record(d: &Dispatch) {
     let c = d.choice();
     let mut st = d.state.lock();
-    st.lease = None;
-    let status = st.status.unwrap_or(502).to_string();
+    let lease = st.lease.take();
+    let status_code = st.status.unwrap_or(502);
+    let status = status_code.to_string();
     let labels = [c.node_id.as_str(), c.model.as_str()];
     METRICS
         .requests
         .with_label_values(&[labels[0], labels[1], d.endpoint.label(), &status])
         .inc();
     let total = d.started.elapsed();
+    if let Some(lease) = lease.filter(|_| (200..300).contains(&status_code)) {
+        lease.counters.observe_latency(total.as_secs_f64() * 1000.0);
+    }
     METRICS.duration.with_label_values(&labels).observe(total.as_secs_f64());
     if let Some(fb) = st.first_byte {
         METRICS
