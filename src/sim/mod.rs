@@ -1,1 +1,169 @@
 //! Simulated inference node: Ollama, OpenAI and Anthropic APIs with load/latency physics.
+//!
+//! One node serves all three protocols on one port. Physics: at most `seats` requests hold a
+//! seat (load, time to first token, decode) at once, the rest wait FIFO; a request on an
+//! unloaded model pays `cold_load_ms` (shared by concurrent requests), LRU models are evicted
+//! when memory runs short; output text is deterministic from the seed and the request content.
+//! Tests drive timing with [`SimControl`] gates instead of sleeping.
+
+mod anthropic;
+mod control;
+mod engine;
+mod http;
+mod models;
+mod net;
+mod ollama;
+mod ollama_admin;
+mod openai;
+mod spec;
+mod stream;
+mod text;
+
+pub use control::{Fault, SimControl, SimStats};
+pub use spec::{SimModel, SimSpec};
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Largest request body the node accepts.
+pub const MAX_BODY: usize = 64 << 20;
+
+/// A running sim node.
+pub struct SimHandle {
+    addr: SocketAddr,
+    control: Arc<SimControl>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SimHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn control(&self) -> Arc<SimControl> {
+        self.control.clone()
+    }
+
+    /// Stop serving: close the port, cut open connections, end the server task.
+    pub async fn shutdown(mut self) {
+        self.control.slot.stop();
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.control.slot.stop();
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+async fn fallback(State(ctl): State<Arc<SimControl>>, uri: Uri) -> Response {
+    ctl.record(uri.path(), 0, "");
+    if let Err(r) = http::hang_if_faulted(&ctl).await {
+        return r;
+    }
+    (StatusCode::NOT_FOUND, "404 page not found").into_response()
+}
+
+async fn health(State(ctl): State<Arc<SimControl>>) -> Response {
+    ctl.record("/health", 0, "");
+    if let Err(r) = http::hang_if_faulted(&ctl).await {
+        return r;
+    }
+    StatusCode::OK.into_response()
+}
+
+fn router(ctl: Arc<SimControl>) -> Router {
+    Router::new()
+        .route("/", get(ollama_admin::root))
+        .route("/health", get(health))
+        .route("/api/version", get(ollama_admin::version))
+        .route("/api/tags", get(ollama_admin::tags))
+        .route("/api/ps", get(ollama_admin::ps))
+        .route("/api/show", post(ollama_admin::show))
+        .route("/api/pull", post(ollama_admin::pull))
+        .route("/api/embed", post(ollama_admin::embed))
+        .route("/api/embeddings", post(ollama_admin::embeddings))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/messages", post(anthropic::messages))
+        .fallback(fallback)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(ctl)
+}
+
+/// Start a sim node on an already-bound std listener. Must be called inside a tokio runtime.
+pub async fn start(spec: SimSpec, listener: std::net::TcpListener) -> std::io::Result<SimHandle> {
+    spec.validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let slot = Arc::new(net::ListenSlot::new(listener)?);
+    let addr = slot.addr();
+    let control = Arc::new(SimControl::new(spec, slot.clone()));
+    let app = router(control.clone());
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(net::SimListener::new(slot), app).await {
+            log::warn!("sim {addr}: server ended: {e}");
+        }
+    });
+    Ok(SimHandle {
+        addr,
+        control,
+        task: Some(task),
+    })
+}
+
+/// Bind `addr` and start.
+pub async fn start_on(spec: SimSpec, addr: SocketAddr) -> std::io::Result<SimHandle> {
+    let l = std::net::TcpListener::bind(addr)?;
+    start(spec, l).await
+}
+
+/// Start each node and serve until ctrl-c or SIGTERM (`fleetgate sim`).
+pub async fn run_cli(specs: Vec<(String, SocketAddr, SimSpec)>) -> anyhow::Result<()> {
+    let mut handles = Vec::with_capacity(specs.len());
+    for (id, addr, spec) in specs {
+        let h = start_on(spec, addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("sim node '{id}' on {addr}: {e}"))?;
+        log::info!("sim node '{id}' listening on {}", h.addr());
+        handles.push(h);
+    }
+    wait_for_signal().await?;
+    log::info!("sim: stopping {} node(s)", handles.len());
+    for h in handles {
+        h.shutdown().await;
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() -> anyhow::Result<()> {
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
