@@ -15,6 +15,7 @@ mod net;
 mod ollama;
 mod ollama_admin;
 mod openai;
+mod openai_extra;
 mod spec;
 mod stream;
 mod text;
@@ -97,11 +98,11 @@ fn router(ctl: Arc<SimControl>) -> Router {
         .route("/api/embeddings", post(ollama_admin::embeddings))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
-        .route("/v1/models", get(openai::models))
-        .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/models", get(openai_extra::models))
+        .route("/v1/models/{*model}", get(openai_extra::model))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
-        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/embeddings", post(openai_extra::embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY))

@@ -1,20 +1,17 @@
-//! OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
+//! OpenAI-compatible API: /v1/chat/completions and /v1/completions (SSE streams), shared error shapes.
 
 use super::control::{Fault, SimControl};
-use super::engine::{admit, plan, Ask, Finish, Reject, Summary};
-use super::http::{
-    content_hash, execute, gone, hang_if_faulted, intake, json, text_of, typed, Intake, SSE,
-};
+use super::engine::{plan, Ask, Finish, Reject, Summary};
+use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, SSE};
 use super::stream::Framer;
-use super::text::{embedding, est_tokens, unix_now};
-use axum::extract::{Path, State};
+use super::text::{est_tokens, unix_now};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 /// OpenAI's error body.
 pub(crate) fn err(
@@ -30,7 +27,7 @@ pub(crate) fn err(
     )
 }
 
-fn bad(msg: &str) -> Response {
+pub(crate) fn bad(msg: &str) -> Response {
     err(
         StatusCode::BAD_REQUEST,
         "invalid_request_error",
@@ -40,7 +37,7 @@ fn bad(msg: &str) -> Response {
     )
 }
 
-fn server_error() -> Response {
+pub(crate) fn server_error() -> Response {
     err(
         StatusCode::INTERNAL_SERVER_ERROR,
         "server_error",
@@ -50,7 +47,7 @@ fn server_error() -> Response {
     )
 }
 
-fn reject(r: Reject, param: &str) -> Response {
+pub(crate) fn reject(r: Reject, param: &str) -> Response {
     match r {
         Reject::UnknownModel(m) => err(
             StatusCode::NOT_FOUND,
@@ -73,50 +70,10 @@ fn reject(r: Reject, param: &str) -> Response {
     }
 }
 
-fn parse_error(e: &str) -> Response {
+pub(crate) fn parse_error(e: &str) -> Response {
     bad(&format!(
         "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.) {e}"
     ))
-}
-
-fn model_obj(name: &str, modified: std::time::SystemTime, context: u32) -> Value {
-    let created = modified
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    json!({"id": name, "object": "model", "created": created, "owned_by": "library", "max_model_len": context})
-}
-
-pub(crate) async fn models(State(ctl): State<Arc<SimControl>>) -> Response {
-    ctl.record("/v1/models", 0, "");
-    if let Err(r) = hang_if_faulted(&ctl).await {
-        return r;
-    }
-    let reg = ctl.models.lock();
-    let data: Vec<Value> = reg
-        .entries
-        .iter()
-        .map(|e| model_obj(&e.spec.name, e.modified_at, e.spec.context))
-        .collect();
-    json(StatusCode::OK, json!({"object": "list", "data": data}))
-}
-
-pub(crate) async fn model(State(ctl): State<Arc<SimControl>>, Path(id): Path<String>) -> Response {
-    ctl.record("/v1/models/{model}", 0, &id);
-    if let Err(r) = hang_if_faulted(&ctl).await {
-        return r;
-    }
-    let reg = ctl.models.lock();
-    match reg.find(&id) {
-        Some(i) => {
-            let e = &reg.entries[i];
-            json(
-                StatusCode::OK,
-                model_obj(&e.spec.name, e.modified_at, e.spec.context),
-            )
-        }
-        None => reject(Reject::UnknownModel(id), "model"),
-    }
 }
 
 #[derive(Deserialize, Default)]
@@ -341,7 +298,7 @@ pub(crate) async fn completions(State(ctl): State<Arc<SimControl>>, body: Bytes)
 
 /// Prompt (or embedding input): a string, strings, token ids, or arrays of token ids.
 /// Returns (estimated tokens, text used for seeding).
-fn prompt_of(v: &Value) -> Option<(u32, String)> {
+pub(crate) fn prompt_of(v: &Value) -> Option<(u32, String)> {
     match v {
         Value::String(s) => Some((est_tokens(s), s.clone())),
         Value::Array(a) if a.iter().all(Value::is_u64) => Some((a.len() as u32, v.to_string())),
@@ -399,90 +356,6 @@ async fn run(
         })
     };
     execute(ctl, p, started, stream.then_some((framer, SSE)), whole).await
-}
-
-#[derive(Deserialize)]
-struct EmbReq {
-    #[serde(default)]
-    model: String,
-    input: Option<Value>,
-}
-
-pub(crate) async fn embeddings(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, "/v1/embeddings", &body).await {
-        Ok(i) => i,
-        Err(r) => return r,
-    };
-    if ctl.fault() == Fault::Status500 {
-        return server_error();
-    }
-    if let Err(e) = &v {
-        return parse_error(e);
-    }
-    let req: EmbReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return bad(&e),
-    };
-    if req.model.is_empty() {
-        return bad("you must provide a model parameter");
-    }
-    // One entry per input: a string, a token array, or a list of either.
-    let items: Vec<Value> = match req.input {
-        Some(Value::String(s)) => vec![Value::String(s)],
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            vec![Value::Array(a)]
-        }
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        _ => return bad("'input' is a required property"),
-    };
-    let mut total = 0u32;
-    let mut keys = Vec::with_capacity(items.len());
-    for it in &items {
-        let flat = match it {
-            Value::String(_) => true,
-            Value::Array(x) => x.iter().all(Value::is_u64),
-            _ => false,
-        };
-        match prompt_of(it) {
-            Some((n, key)) if flat => {
-                total = total.saturating_add(n);
-                keys.push(key);
-            }
-            _ => return bad("Invalid type for 'input'"),
-        }
-    }
-    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let ask = Ask {
-        model: req.model.clone(),
-        prompt_tokens: total,
-        max_tokens: None,
-        hash: content_hash(&req.model, &refs),
-        embed: true,
-        keep_alive: super::models::KeepAlive::Default,
-    };
-    let p = match plan(&ctl, &ask) {
-        Ok(p) => p,
-        Err(r) => return reject(r, "input"),
-    };
-    let Ok(mut gen) = admit(ctl.clone(), p, started).await else {
-        return gone();
-    };
-    let s = gen.finish();
-    let seed = ctl.spec.seed;
-    let data: Vec<Value> = refs
-        .iter()
-        .enumerate()
-        .map(|(i, k)| json!({"object": "embedding", "index": i, "embedding": embedding(seed ^ content_hash(&req.model, &[k]))}))
-        .collect();
-    json(
-        StatusCode::OK,
-        json!({
-            "object": "list",
-            "data": data,
-            "model": req.model,
-            "usage": {"prompt_tokens": s.prompt_tokens, "total_tokens": s.prompt_tokens},
-        }),
-    )
 }
 
 #[cfg(test)]
