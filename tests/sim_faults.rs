@@ -281,3 +281,32 @@ async fn shutdown_frees_the_port() {
     let l = std::net::TcpListener::bind(addr).expect("port is free again");
     drop(l);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seats_hold_on_a_multi_thread_runtime() {
+    let mut sp = spec();
+    sp.seats = 2;
+    let (h, base, c) = node(sp).await;
+    let ctl = h.control();
+    ctl.hold_first_token(true);
+    let reqs: Vec<_> = (0..6)
+        .map(|i| {
+            let (c, url) = (c.clone(), format!("{base}/v1/chat/completions"));
+            let mut body = chat_body("llama3.2:3b", i % 2 == 0);
+            body["model"] = json!("llama3.2:3b");
+            tokio::spawn(async move {
+                let r = c.post(url).json(&body).send().await.expect("send");
+                (r.status().as_u16(), r.text().await.is_ok())
+            })
+        })
+        .collect();
+    ctl.wait_parked(2).await;
+    assert_eq!(ctl.stats().in_flight, 2);
+    ctl.release();
+    for r in reqs {
+        assert_eq!(r.await.expect("join"), (200, true));
+    }
+    let st = ctl.stats();
+    assert_eq!((st.requests, st.in_flight, st.max_in_flight), (6, 0, 2));
+    h.shutdown().await;
+}

@@ -143,6 +143,8 @@ impl SimControl {
     }
 
     /// Extension: resolves once at least `n` requests have been received in total.
+    /// On a current-thread runtime the counted requests have also reached their first wait
+    /// (e.g. the backlog) by then; on a multi-thread runtime they may still be a step behind.
     pub async fn wait_requests(&self, n: u64) {
         let mut rx = self.requests.subscribe();
         let _ = rx.wait_for(|c| *c >= n).await;

@@ -5,6 +5,26 @@
 //! unloaded model pays `cold_load_ms` (shared by concurrent requests), LRU models are evicted
 //! when memory runs short; output text is deterministic from the seed and the request content.
 //! Tests drive timing with [`SimControl`] gates instead of sleeping.
+//!
+//! Endpoints: Ollama `/`, `/api/{version,tags,ps,show,pull,chat,generate,embed,embeddings}`;
+//! OpenAI `/v1/models[/{id}]`, `/v1/{chat/completions,completions,embeddings}`; Anthropic
+//! `/v1/messages`; `/health`. Every request (any path) is counted in [`SimStats`].
+//!
+//! Conventions worth knowing:
+//! - prompt tokens = ceil(chars/4) per text, +4 per chat message; one word = one output token =
+//!   one stream chunk; output = `reply_tokens` capped by the request's max tokens
+//!   (`max_tokens`/`max_completion_tokens`, Ollama `options.num_predict`), finish `length` if capped.
+//! - Text depends on the node seed, the model name as requested, and the prompt content (not on
+//!   arrival order), so identical requests get identical replies.
+//! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` → first-token gate → first token,
+//!   then one token every `1/tokens_per_sec`. Headers are sent with the first token.
+//! - `/api/pull` accepts any name and adds a 4 GB model (an embedding model if the name contains
+//!   "embed"); names are matched with Ollama's implied `:latest` tag.
+//! - `keep_alive` is honoured for `0` (unload after the request) and shown in `/api/ps`
+//!   `expires_at`; models never expire on a timer.
+//! - Faults: `Hang` applies to every path (requests are read, counted, never answered, until
+//!   the node cuts connections); `Status500` to inference paths only; `Refuse` also cuts open
+//!   connections; `DieMidStream` on a non-streaming request cuts the connection before any body.
 
 mod anthropic;
 mod control;
