@@ -1,42 +1,190 @@
 //! Simulated inference node: Ollama, OpenAI and Anthropic APIs with load/latency physics.
-//! TEMPORARY STUB until the sim branch lands.
+//!
+//! One node serves all three protocols on one port. Physics: at most `seats` requests hold a
+//! seat (load, time to first token, decode) at once, the rest wait FIFO; a request on an
+//! unloaded model pays `cold_load_ms` (shared by concurrent requests), LRU models are evicted
+//! when memory runs short; output text is deterministic from the seed and the request content.
+//! Tests drive timing with [`SimControl`] gates instead of sleeping.
+//!
+//! Endpoints: Ollama `/`, `/api/{version,tags,ps,show,pull,chat,generate,embed,embeddings}`;
+//! OpenAI `/v1/models[/{id}]`, `/v1/{chat/completions,completions,embeddings}`; Anthropic
+//! `/v1/messages`; `/health`. Every request (any path) is counted in [`SimStats`].
+//!
+//! Conventions worth knowing:
+//! - prompt tokens = ceil(chars/4) per text, +4 per chat message; one word = one output token =
+//!   one stream chunk; output = `reply_tokens` capped by the request's max tokens
+//!   (`max_tokens`/`max_completion_tokens`, Ollama `options.num_predict`), finish `length` if capped.
+//! - Text depends on the node seed, the model name as requested, and the prompt content (not on
+//!   arrival order), so identical requests get identical replies.
+//! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` → first-token gate → first token,
+//!   then one token every `1/tokens_per_sec`. Headers are sent with the first token.
+//! - `/api/pull` accepts any name and adds a 4 GB model (an embedding model if the name contains
+//!   "embed"); names are matched with Ollama's implied `:latest` tag.
+//! - `keep_alive` is honoured for `0` (unload after the request) and shown in `/api/ps`
+//!   `expires_at`; models never expire on a timer.
+//! - Faults: `Hang` applies to every path (requests are read, counted, never answered, until
+//!   the node cuts connections); `Status500` to inference paths only; `Refuse` also cuts open
+//!   connections; `DieMidStream` on a non-streaming request cuts the connection before any body.
 
-#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct SimSpec {
-    #[serde(default)]
-    pub seed: u64,
-    #[serde(default)]
-    pub seats: u32,
-    #[serde(default)]
-    pub tokens_per_sec: f64,
-    #[serde(default)]
-    pub ttft_ms: u64,
-    #[serde(default)]
-    pub memory_gb: f64,
-    #[serde(default)]
-    pub reply_tokens: u32,
-    pub models: Vec<SimModel>,
+mod anthropic;
+mod control;
+mod engine;
+mod http;
+mod models;
+mod net;
+mod ollama;
+mod ollama_admin;
+mod openai;
+mod openai_extra;
+mod spec;
+mod stream;
+mod text;
+
+pub use control::{Fault, SimControl, SimStats};
+pub use spec::{SimModel, SimSpec};
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Largest request body the node accepts.
+pub const MAX_BODY: usize = 64 << 20;
+
+/// A running sim node.
+pub struct SimHandle {
+    addr: SocketAddr,
+    control: Arc<SimControl>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
-#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct SimModel {
-    pub name: String,
-    pub size_gb: f64,
-    #[serde(default)]
-    pub context: u32,
-    #[serde(default)]
-    pub loaded: bool,
-    #[serde(default)]
-    pub cold_load_ms: u64,
-    #[serde(default)]
-    pub embedding: bool,
+impl SimHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn control(&self) -> Arc<SimControl> {
+        self.control.clone()
+    }
+
+    /// Stop serving: close the port, cut open connections, end the server task.
+    pub async fn shutdown(mut self) {
+        self.control.slot.stop();
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
 }
-pub struct SimHandle;
-pub async fn start(_spec: SimSpec, _l: std::net::TcpListener) -> std::io::Result<SimHandle> {
-    Err(std::io::Error::other("stub"))
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.control.slot.stop();
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
 }
-pub async fn run_cli(_s: Vec<(String, std::net::SocketAddr, SimSpec)>) -> anyhow::Result<()> {
+
+async fn fallback(State(ctl): State<Arc<SimControl>>, uri: Uri) -> Response {
+    ctl.record(uri.path(), 0, "");
+    if let Err(r) = http::hang_if_faulted(&ctl).await {
+        return r;
+    }
+    (StatusCode::NOT_FOUND, "404 page not found").into_response()
+}
+
+async fn health(State(ctl): State<Arc<SimControl>>) -> Response {
+    ctl.record("/health", 0, "");
+    if let Err(r) = http::hang_if_faulted(&ctl).await {
+        return r;
+    }
+    StatusCode::OK.into_response()
+}
+
+fn router(ctl: Arc<SimControl>) -> Router {
+    Router::new()
+        .route("/", get(ollama_admin::root))
+        .route("/health", get(health))
+        .route("/api/version", get(ollama_admin::version))
+        .route("/api/tags", get(ollama_admin::tags))
+        .route("/api/ps", get(ollama_admin::ps))
+        .route("/api/show", post(ollama_admin::show))
+        .route("/api/pull", post(ollama_admin::pull))
+        .route("/api/embed", post(ollama_admin::embed))
+        .route("/api/embeddings", post(ollama_admin::embeddings))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/v1/models", get(openai_extra::models))
+        .route("/v1/models/{*model}", get(openai_extra::model))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai_extra::embeddings))
+        .route("/v1/messages", post(anthropic::messages))
+        .fallback(fallback)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(ctl)
+}
+
+/// Start a sim node on an already-bound std listener. Must be called inside a tokio runtime.
+pub async fn start(spec: SimSpec, listener: std::net::TcpListener) -> std::io::Result<SimHandle> {
+    spec.validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let slot = Arc::new(net::ListenSlot::new(listener)?);
+    let addr = slot.addr();
+    let control = Arc::new(SimControl::new(spec, slot.clone()));
+    let app = router(control.clone());
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(net::SimListener::new(slot), app).await {
+            log::warn!("sim {addr}: server ended: {e}");
+        }
+    });
+    Ok(SimHandle {
+        addr,
+        control,
+        task: Some(task),
+    })
+}
+
+/// Bind `addr` and start.
+pub async fn start_on(spec: SimSpec, addr: SocketAddr) -> std::io::Result<SimHandle> {
+    let l = std::net::TcpListener::bind(addr)?;
+    start(spec, l).await
+}
+
+/// Start each node and serve until ctrl-c or SIGTERM (`fleetgate sim`).
+pub async fn run_cli(specs: Vec<(String, SocketAddr, SimSpec)>) -> anyhow::Result<()> {
+    let mut handles = Vec::with_capacity(specs.len());
+    for (id, addr, spec) in specs {
+        let h = start_on(spec, addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("sim node '{id}' on {addr}: {e}"))?;
+        log::info!("sim node '{id}' listening on {}", h.addr());
+        handles.push(h);
+    }
+    wait_for_signal().await?;
+    log::info!("sim: stopping {} node(s)", handles.len());
+    for h in handles {
+        h.shutdown().await;
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() -> anyhow::Result<()> {
+    tokio::signal::ctrl_c().await?;
     Ok(())
 }

@@ -1,0 +1,266 @@
+//! Test-facing control of a sim node: faults, gates, stats, explicit model load/unload.
+
+use super::models::Registry;
+use super::net::{killed, ListenSlot};
+use super::spec::SimSpec;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{watch, Semaphore};
+
+/// A failure mode the node can be put in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Normal operation.
+    #[default]
+    None,
+    /// Listening socket closed (ECONNREFUSED), open connections cut; re-bound on `None`.
+    Refuse,
+    /// Every inference request answers 500 with a JSON error in its protocol's shape.
+    Status500,
+    /// Requests are read and never answered (until the connection is cut or the node stops).
+    Hang,
+    /// Streams send their first chunk, then the connection is cut without the terminator.
+    DieMidStream,
+}
+
+/// Snapshot of a node's counters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimStats {
+    /// Every HTTP request received (any path).
+    pub requests: u64,
+    /// Requests per `model` field of the body, as the client spelt it.
+    pub by_model: BTreeMap<String, u64>,
+    /// Requests holding a seat (loading, waiting for the first token, or generating).
+    pub in_flight: u32,
+    pub max_in_flight: u32,
+    /// Model names, in order, of each cold load or explicit load.
+    pub loads: Vec<String>,
+    pub last_body_len: usize,
+    pub last_path: String,
+    pub last_model: String,
+    /// Extension: requests waiting in the node's own backlog for a seat.
+    pub queued: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Gates {
+    hold_first: bool,
+    hold_after: bool,
+    epoch: u64,
+}
+
+/// Which gate a request parks at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Gate {
+    FirstToken,
+    AfterFirstChunk,
+}
+
+/// The request was cut off (connection killed or node stopped) while waiting.
+#[derive(Debug)]
+pub(crate) struct Killed;
+
+/// Control handle of one node; all methods take `&self` and are thread-safe.
+pub struct SimControl {
+    pub(crate) spec: SimSpec,
+    pub(crate) models: Mutex<Registry>,
+    pub(crate) seats: Arc<Semaphore>,
+    pub(crate) slot: Arc<ListenSlot>,
+    stats: Mutex<SimStats>,
+    fault: Mutex<Fault>,
+    gates: watch::Sender<Gates>,
+    parked: watch::Sender<usize>,
+    requests: watch::Sender<u64>,
+    counter: AtomicU64,
+}
+
+impl SimControl {
+    pub(crate) fn new(spec: SimSpec, slot: Arc<ListenSlot>) -> Self {
+        let models = Registry::new(&spec);
+        let seats = Arc::new(Semaphore::new(spec.seats as usize));
+        SimControl {
+            spec,
+            models: Mutex::new(models),
+            seats,
+            slot,
+            stats: Mutex::new(SimStats::default()),
+            fault: Mutex::new(Fault::None),
+            gates: watch::channel(Gates::default()).0,
+            parked: watch::channel(0).0,
+            requests: watch::channel(0).0,
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    /// Put the node in a failure mode (see [`Fault`]).
+    pub fn set_fault(&self, f: Fault) {
+        let prev = std::mem::replace(&mut *self.fault.lock(), f);
+        if f == Fault::Refuse {
+            if prev != Fault::Refuse {
+                self.slot.close_and_kill();
+            }
+        } else if prev == Fault::Refuse {
+            if let Err(e) = self.slot.reopen() {
+                log::warn!("sim: cannot re-bind {}: {e}", self.slot.addr());
+            }
+        }
+    }
+
+    pub(crate) fn fault(&self) -> Fault {
+        *self.fault.lock()
+    }
+
+    /// When on, requests park after their time-to-first-token, before their first token.
+    pub fn hold_first_token(&self, on: bool) {
+        self.gates.send_modify(|g| g.hold_first = on);
+    }
+
+    /// When on, streaming responses send their first chunk, then park.
+    pub fn hold_after_first_chunk(&self, on: bool) {
+        self.gates.send_modify(|g| g.hold_after = on);
+    }
+
+    /// Release every parked request and turn both holds off.
+    pub fn release(&self) {
+        self.gates.send_modify(|g| {
+            g.hold_first = false;
+            g.hold_after = false;
+            g.epoch += 1;
+        });
+    }
+
+    pub fn stats(&self) -> SimStats {
+        self.stats.lock().clone()
+    }
+
+    /// Resolves once at least `n` requests are parked at a gate.
+    pub async fn wait_parked(&self, n: usize) {
+        let mut rx = self.parked.subscribe();
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// Extension: resolves once at least `n` requests have been received in total.
+    /// On a current-thread runtime the counted requests have also reached their first wait
+    /// (e.g. the backlog) by then; on a multi-thread runtime they may still be a step behind.
+    pub async fn wait_requests(&self, n: u64) {
+        let mut rx = self.requests.subscribe();
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// Load a model now (as `ollama run` would), evicting LRU models if memory is short.
+    pub fn load_model(&self, name: &str) {
+        let mut reg = self.models.lock();
+        let Some(i) = reg.find(name) else {
+            log::warn!("sim: load_model: no model '{name}'");
+            return;
+        };
+        let (fresh, _) = reg.mark_loaded(i);
+        let canonical = reg.entries[i].spec.name.clone();
+        drop(reg);
+        if fresh {
+            self.stats.lock().loads.push(canonical);
+        }
+    }
+
+    /// Unload a model (as `keep_alive: 0` would).
+    pub fn unload_model(&self, name: &str) {
+        let mut reg = self.models.lock();
+        if let Some(i) = reg.find(name) {
+            reg.unload(i);
+        }
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.counter.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn record(&self, path: &str, body_len: usize, model: &str) {
+        let n = {
+            let mut s = self.stats.lock();
+            s.requests += 1;
+            if !model.is_empty() {
+                *s.by_model.entry(model.to_string()).or_insert(0) += 1;
+            }
+            s.last_body_len = body_len;
+            s.last_path = path.to_string();
+            s.last_model = model.to_string();
+            s.requests
+        };
+        self.requests.send_replace(n);
+    }
+
+    pub(crate) fn record_load(&self, name: &str) {
+        self.stats.lock().loads.push(name.to_string());
+    }
+
+    pub(crate) fn queued_delta(&self, up: bool) {
+        let mut s = self.stats.lock();
+        s.queued = if up {
+            s.queued + 1
+        } else {
+            s.queued.saturating_sub(1)
+        };
+    }
+
+    pub(crate) fn in_flight_delta(&self, up: bool) {
+        let mut s = self.stats.lock();
+        if up {
+            s.in_flight += 1;
+            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+        } else {
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Park at `gate` if it is held; returns when released, or `Killed` if the node cuts connections.
+    pub(crate) async fn park(&self, gate: Gate) -> Result<(), Killed> {
+        let held = move |g: &Gates| match gate {
+            Gate::FirstToken => g.hold_first,
+            Gate::AfterFirstChunk => g.hold_after,
+        };
+        let mut rx = self.gates.subscribe();
+        let epoch = {
+            let g = rx.borrow_and_update();
+            if !held(&g) {
+                return Ok(());
+            }
+            g.epoch
+        };
+        let _parked = ParkedGuard::new(&self.parked);
+        let release = async {
+            let _ = rx.wait_for(|g| g.epoch != epoch || !held(g)).await;
+        };
+        self.until_killed(release).await
+    }
+
+    /// Run `fut` unless the node cuts connections first.
+    pub(crate) async fn until_killed<F: std::future::Future>(
+        &self,
+        fut: F,
+    ) -> Result<F::Output, Killed> {
+        let rx = self.slot.kill_watch();
+        let seen = *rx.borrow();
+        tokio::select! {
+            out = fut => Ok(out),
+            _ = killed(rx, seen) => Err(Killed),
+        }
+    }
+}
+
+struct ParkedGuard<'a>(&'a watch::Sender<usize>);
+
+impl<'a> ParkedGuard<'a> {
+    fn new(tx: &'a watch::Sender<usize>) -> Self {
+        tx.send_modify(|c| *c += 1);
+        ParkedGuard(tx)
+    }
+}
+
+impl Drop for ParkedGuard<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|c| *c = c.saturating_sub(1));
+    }
+}

@@ -1,0 +1,289 @@
+//! Request physics: validation against the model, FIFO seats, shared cold loads, token pacing.
+
+use super::control::{Gate, Killed, SimControl};
+use super::models::KeepAlive;
+use super::text::{tokens, SplitMix};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::time::{sleep, sleep_until, Instant};
+
+/// What a protocol handler asks of the node.
+#[derive(Debug, Clone)]
+pub(crate) struct Ask {
+    pub model: String,
+    pub prompt_tokens: u32,
+    pub max_tokens: Option<u32>,
+    /// Hash of the request content; with the node seed it fixes the output.
+    pub hash: u64,
+    pub embed: bool,
+    pub keep_alive: KeepAlive,
+}
+
+/// Why a request is refused before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Reject {
+    UnknownModel(String),
+    Context {
+        context: u32,
+        prompt: u32,
+        completion: u32,
+    },
+    /// Text generation asked of an embedding model.
+    NotSupported(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Finish {
+    Stop,
+    Length,
+}
+
+/// A validated request.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub idx: usize,
+    pub prompt_tokens: u32,
+    pub out_tokens: u32,
+    pub finish: Finish,
+    pub seed: u64,
+    pub keep_alive: KeepAlive,
+}
+
+/// Counts and durations of a finished request.
+#[derive(Debug, Clone)]
+pub(crate) struct Summary {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub finish: Finish,
+    pub total: Duration,
+    pub load: Duration,
+    pub prompt_eval: Duration,
+    pub eval: Duration,
+}
+
+impl Summary {
+    pub fn ns(d: Duration) -> u64 {
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Validate an ask against the node's models.
+pub(crate) fn plan(ctl: &SimControl, ask: &Ask) -> Result<Plan, Reject> {
+    let reg = ctl.models.lock();
+    let idx = reg
+        .find(&ask.model)
+        .ok_or_else(|| Reject::UnknownModel(ask.model.clone()))?;
+    let m = &reg.entries[idx].spec;
+    if m.embedding && !ask.embed {
+        return Err(Reject::NotSupported(m.name.clone()));
+    }
+    let reply = ctl.spec.reply_tokens;
+    let completion = if ask.embed {
+        0
+    } else {
+        ask.max_tokens.unwrap_or(reply)
+    };
+    if u64::from(ask.prompt_tokens) + u64::from(completion) > u64::from(m.context) {
+        return Err(Reject::Context {
+            context: m.context,
+            prompt: ask.prompt_tokens,
+            completion,
+        });
+    }
+    let (out_tokens, finish) = match ask.max_tokens {
+        _ if ask.embed => (0, Finish::Stop),
+        Some(mx) if mx < reply => (mx, Finish::Length),
+        _ => (reply, Finish::Stop),
+    };
+    Ok(Plan {
+        idx,
+        prompt_tokens: ask.prompt_tokens,
+        out_tokens,
+        finish,
+        seed: SplitMix::new(ctl.spec.seed ^ ask.hash).next_u64(),
+        keep_alive: ask.keep_alive,
+    })
+}
+
+/// Make sure model `idx` is loaded; concurrent callers share one cold load. Returns the wait.
+pub(crate) async fn ensure_loaded(ctl: &Arc<SimControl>, idx: usize) -> Duration {
+    let t0 = Instant::now();
+    let mut rx = {
+        let mut reg = ctl.models.lock();
+        if reg.entries[idx].loaded.is_some() {
+            reg.mark_loaded(idx); // refresh LRU position
+            return Duration::ZERO;
+        }
+        match &reg.entries[idx].loading {
+            Some(rx) => rx.clone(),
+            None => {
+                let (tx, rx) = watch::channel(false);
+                reg.entries[idx].loading = Some(rx.clone());
+                let ms = reg.entries[idx].spec.cold_load_ms;
+                // A task of its own, so a client hanging up cannot abandon the load.
+                tokio::spawn(cold_load(ctl.clone(), idx, ms, tx));
+                rx
+            }
+        }
+    };
+    let _ = rx.wait_for(|done| *done).await;
+    t0.elapsed()
+}
+
+async fn cold_load(ctl: Arc<SimControl>, idx: usize, ms: u64, tx: watch::Sender<bool>) {
+    sleep(Duration::from_millis(ms)).await;
+    let loaded = {
+        let mut reg = ctl.models.lock();
+        reg.entries[idx].loading = None;
+        let (fresh, evicted) = reg.mark_loaded(idx);
+        if !evicted.is_empty() {
+            log::debug!(
+                "sim: loading {} evicted {:?}",
+                reg.entries[idx].spec.name,
+                evicted
+            );
+        }
+        fresh.then(|| reg.entries[idx].spec.name.clone())
+    };
+    if let Some(name) = loaded {
+        ctl.record_load(&name);
+    }
+    let _ = tx.send(true);
+}
+
+struct Queued(Arc<SimControl>);
+
+impl Queued {
+    fn new(ctl: &Arc<SimControl>) -> Self {
+        ctl.queued_delta(true);
+        Queued(ctl.clone())
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.queued_delta(false);
+    }
+}
+
+struct Seat {
+    _permit: OwnedSemaphorePermit,
+    ctl: Arc<SimControl>,
+}
+
+impl Seat {
+    fn new(ctl: Arc<SimControl>, permit: OwnedSemaphorePermit) -> Self {
+        ctl.in_flight_delta(true);
+        Seat {
+            _permit: permit,
+            ctl,
+        }
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.ctl.in_flight_delta(false);
+    }
+}
+
+/// A request holding a seat, past its first-token delay.
+pub(crate) struct Generation {
+    ctl: Arc<SimControl>,
+    pub plan: Plan,
+    tokens: Vec<String>,
+    next: usize,
+    seat: Option<Seat>,
+    started: Instant,
+    load: Duration,
+    prompt_eval: Duration,
+    first_at: Instant,
+    per_token: Duration,
+}
+
+/// Wait for a seat (FIFO), load the model, wait ttft and the first-token gate.
+pub(crate) async fn admit(
+    ctl: Arc<SimControl>,
+    plan: Plan,
+    started: Instant,
+) -> Result<Generation, Killed> {
+    let c = ctl.clone();
+    let work = async move {
+        let queued = Queued::new(&c);
+        let permit = c.seats.clone().acquire_owned().await.map_err(|_| Killed)?;
+        drop(queued);
+        let seat = Seat::new(c.clone(), permit);
+        let load = ensure_loaded(&c, plan.idx).await;
+        let t = Instant::now();
+        sleep(Duration::from_millis(c.spec.ttft_ms)).await;
+        c.park(Gate::FirstToken).await?;
+        let per_token = Duration::from_secs_f64(1.0 / c.spec.tokens_per_sec);
+        Ok(Generation {
+            tokens: tokens(plan.seed, plan.out_tokens),
+            ctl: c,
+            plan,
+            next: 0,
+            seat: Some(seat),
+            started,
+            load,
+            prompt_eval: t.elapsed(),
+            first_at: Instant::now(),
+            per_token,
+        })
+    };
+    ctl.until_killed(work).await?
+}
+
+impl Generation {
+    pub fn control(&self) -> &Arc<SimControl> {
+        &self.ctl
+    }
+
+    /// The next token, paced at tokens_per_sec after the first (which is immediate).
+    pub async fn next_token(&mut self) -> Option<String> {
+        let i = self.next;
+        let tok = self.tokens.get(i)?.clone();
+        if i > 0 {
+            let steps = u32::try_from(i).unwrap_or(u32::MAX);
+            sleep_until(self.first_at + self.per_token.saturating_mul(steps)).await;
+        }
+        self.next += 1;
+        Some(tok)
+    }
+
+    /// After a pause (gate), pace the following tokens from now rather than bursting.
+    pub fn rebase(&mut self) {
+        let steps = u32::try_from(self.next.saturating_sub(1)).unwrap_or(u32::MAX);
+        let back = self.per_token.saturating_mul(steps);
+        let now = Instant::now();
+        self.first_at = now.checked_sub(back).unwrap_or(now);
+    }
+
+    /// All remaining tokens as one text (non-streaming).
+    pub async fn rest_text(&mut self) -> String {
+        let mut s = String::new();
+        while let Some(t) = self.next_token().await {
+            s.push_str(&t);
+        }
+        s
+    }
+
+    /// Free the seat, apply keep_alive, and report counts and timings.
+    pub fn finish(&mut self) -> Summary {
+        self.seat.take();
+        self.ctl
+            .models
+            .lock()
+            .touch(self.plan.idx, self.plan.keep_alive);
+        Summary {
+            prompt_tokens: self.plan.prompt_tokens,
+            completion_tokens: self.plan.out_tokens,
+            finish: self.plan.finish,
+            total: self.started.elapsed(),
+            load: self.load,
+            prompt_eval: self.prompt_eval,
+            eval: self.first_at.elapsed(),
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Node description (`sim:` block of a node's YAML config) with defaults and validation.
+
+use serde::{Deserialize, Serialize};
+
+/// Description of one simulated inference node.
+///
+/// Memory accounting uses the *resident* size of a model, `size_gb * 1.1`
+/// (the same figure `/api/ps` reports as `size`): loading a model whose resident
+/// size would push the total of loaded models past `memory_gb` evicts the
+/// least-recently-used loaded models first.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimSpec {
+    /// Seed for the generated text and embeddings.
+    #[serde(default)]
+    pub seed: u64,
+    /// Parallel generation slots; further requests wait in the node's FIFO backlog.
+    #[serde(default = "default_seats")]
+    pub seats: u32,
+    /// Decode speed of one request, tokens per second.
+    #[serde(default = "default_tokens_per_sec")]
+    pub tokens_per_sec: f64,
+    /// Time to first token once the model is loaded, in milliseconds.
+    #[serde(default = "default_ttft_ms")]
+    pub ttft_ms: u64,
+    /// Total memory of the node (decimal GB).
+    #[serde(default = "default_memory_gb")]
+    pub memory_gb: f64,
+    /// Output tokens when the request sets no limit; capped by the request's max tokens.
+    #[serde(default = "default_reply_tokens")]
+    pub reply_tokens: u32,
+    /// Models on disk.
+    pub models: Vec<SimModel>,
+}
+
+/// One model on the node's disk.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimModel {
+    /// Model name as served, e.g. `llama3.2:3b`.
+    pub name: String,
+    /// Size of the weights on disk (decimal GB).
+    pub size_gb: f64,
+    /// Context window in tokens.
+    #[serde(default = "default_context")]
+    pub context: u32,
+    /// Loaded at start.
+    #[serde(default)]
+    pub loaded: bool,
+    /// Delay paid by the first request on an unloaded model, in milliseconds.
+    #[serde(default = "default_cold_load_ms")]
+    pub cold_load_ms: u64,
+    /// An embedding model (chat/generate on it answer 400).
+    #[serde(default)]
+    pub embedding: bool,
+}
+
+fn default_seats() -> u32 {
+    1
+}
+fn default_tokens_per_sec() -> f64 {
+    50.0
+}
+fn default_ttft_ms() -> u64 {
+    100
+}
+fn default_memory_gb() -> f64 {
+    16.0
+}
+fn default_reply_tokens() -> u32 {
+    16
+}
+fn default_context() -> u32 {
+    8192
+}
+fn default_cold_load_ms() -> u64 {
+    1000
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec {
+            seed: 0,
+            seats: default_seats(),
+            tokens_per_sec: default_tokens_per_sec(),
+            ttft_ms: default_ttft_ms(),
+            memory_gb: default_memory_gb(),
+            reply_tokens: default_reply_tokens(),
+            models: Vec::new(),
+        }
+    }
+}
+
+impl SimModel {
+    /// A model with the default context, cold load time, not loaded, not embedding.
+    pub fn new(name: &str, size_gb: f64) -> Self {
+        SimModel {
+            name: name.to_string(),
+            size_gb,
+            context: default_context(),
+            loaded: false,
+            cold_load_ms: default_cold_load_ms(),
+            embedding: false,
+        }
+    }
+}
+
+impl SimSpec {
+    /// Check the values a YAML file could get wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.seats == 0 {
+            return Err("sim: seats must be at least 1".into());
+        }
+        if !(self.tokens_per_sec.is_finite() && self.tokens_per_sec > 0.0) {
+            return Err("sim: tokens_per_sec must be a positive number".into());
+        }
+        if !(self.memory_gb.is_finite() && self.memory_gb > 0.0) {
+            return Err("sim: memory_gb must be a positive number".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for m in &self.models {
+            if m.name.trim().is_empty() {
+                return Err("sim: a model has an empty name".into());
+            }
+            if !seen.insert(m.name.as_str()) {
+                return Err(format!("sim: model '{}' listed twice", m.name));
+            }
+            if !(m.size_gb.is_finite() && m.size_gb >= 0.0) {
+                return Err(format!("sim: model '{}': size_gb must be >= 0", m.name));
+            }
+            if m.context == 0 {
+                return Err(format!("sim: model '{}': context must be >= 1", m.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_defaults_apply() {
+        let s: SimSpec =
+            serde_yaml::from_str("models:\n  - name: a:1b\n    size_gb: 1.5\n").expect("yaml");
+        assert_eq!(s.seats, 1);
+        assert_eq!(s.tokens_per_sec, 50.0);
+        assert_eq!(s.ttft_ms, 100);
+        assert_eq!(s.memory_gb, 16.0);
+        assert_eq!(s.reply_tokens, 16);
+        assert_eq!(s.models[0].context, 8192);
+        assert_eq!(s.models[0].cold_load_ms, 1000);
+        assert!(!s.models[0].loaded && !s.models[0].embedding);
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_rejected() {
+        assert!(serde_yaml::from_str::<SimSpec>("models: []\nseatz: 2\n").is_err());
+        let bad = [
+            SimSpec {
+                seats: 0,
+                ..SimSpec::default()
+            },
+            SimSpec {
+                tokens_per_sec: f64::NAN,
+                ..SimSpec::default()
+            },
+            SimSpec {
+                memory_gb: -1.0,
+                ..SimSpec::default()
+            },
+            SimSpec {
+                models: vec![SimModel::new("a", 1.0), SimModel::new("a", 2.0)],
+                ..SimSpec::default()
+            },
+        ];
+        for s in bad {
+            assert!(s.validate().is_err(), "{s:?}");
+        }
+        assert!(SimSpec::default().validate().is_ok());
+    }
+}
