@@ -1,6 +1,6 @@
 //! The `fleetgate` binary: CLI and server bootstrap only.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -10,7 +10,11 @@ use fleetgate::config::Config;
 const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser)]
-#[command(name = "fleetgate", version, about = "LLM fleet gateway: one URL in front of many inference nodes")]
+#[command(
+    name = "fleetgate",
+    version,
+    about = "LLM fleet gateway: one URL in front of many inference nodes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -29,7 +33,7 @@ enum Command {
     Sim,
 }
 
-fn load(path: &PathBuf) -> Result<Config, ExitCode> {
+fn load(path: &Path) -> Result<Config, ExitCode> {
     Config::load(path).map_err(|e| {
         eprintln!("{}: invalid configuration:", path.display());
         for line in &e.0 {
@@ -49,7 +53,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(path: &PathBuf) -> ExitCode {
+fn run(path: &Path) -> ExitCode {
     let config = match load(path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -57,7 +61,10 @@ fn run(path: &PathBuf) -> ExitCode {
     let (listen, nodes) = (config.listen, config.nodes.len());
     match fleetgate::server::prepare(config) {
         Ok(p) => {
-            log::info!("fleetgate listening on {listen}, admin on {}, {nodes} nodes", p.admin_addr);
+            log::info!(
+                "fleetgate listening on {listen}, admin on {}, {nodes} nodes",
+                p.admin_addr
+            );
             p.server.run_forever()
         }
         Err(e) => {
@@ -86,7 +93,7 @@ fn check(files: &[PathBuf]) -> ExitCode {
     }
 }
 
-fn sim(path: &PathBuf) -> ExitCode {
+fn sim(path: &Path) -> ExitCode {
     let config = match load(path) {
         Ok(c) => c,
         Err(code) => return code,

@@ -18,9 +18,16 @@ use crate::services::health::HealthPoller;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("admin_listen {addr}: {source}")]
-    AdminBind { addr: String, source: std::io::Error },
+    AdminBind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("sim node {id} on {addr}: {source}")]
-    Sim { id: String, addr: String, source: std::io::Error },
+    Sim {
+        id: String,
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -55,18 +62,28 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let mut proxy = http_proxy_service_with_name(&server.configuration, Gateway::new(fleet.clone()), "fleetgate");
+    let mut proxy = http_proxy_service_with_name(
+        &server.configuration,
+        Gateway::new(fleet.clone()),
+        "fleetgate",
+    );
     proxy.add_tcp(&config.listen.to_string());
     server.add_service(proxy);
 
-    server.add_service(background_service("health poller", HealthPoller::new(fleet.clone())));
+    server.add_service(background_service(
+        "health poller",
+        HealthPoller::new(fleet.clone()),
+    ));
 
     let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
         addr: config.admin_listen.to_string(),
         source,
     })?;
     let admin_addr = admin.local_addr().map_err(StartError::Runtime)?;
-    server.add_service(background_service("admin", AdminService::new(fleet.clone(), admin)));
+    server.add_service(background_service(
+        "admin",
+        AdminService::new(fleet.clone(), admin),
+    ));
 
     Ok(Prepared {
         server,

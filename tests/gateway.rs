@@ -7,6 +7,9 @@ use serde_json::{json, Value};
 
 const SMALL: &str = "seats: 2\ntokens_per_sec: 1000\nttft_ms: 5\nmemory_gb: 64\nreply_tokens: 8\n";
 
+/// Health polls every 10 minutes: the initial poll at startup is the only one in a test.
+const QUIET: &str = "health:\n  poll_interval_ms: 600000\n";
+
 fn sim_with(rt: &tokio::runtime::Runtime, models: &str) -> fleetgate::sim::SimHandle {
     sim(rt, &format!("{SMALL}models:\n{models}"))
 }
@@ -23,34 +26,54 @@ fn routes_by_model_and_names_the_node() {
     let gw = Gateway::start(&fleet(&[node("rt-a", &a, ""), node("rt-b", &b, "")]));
     let c = client();
     rt.block_on(async {
-        for (model, node) in [("beta:1b", "rt-b"), ("alpha:1b", "rt-a"), ("beta:1b", "rt-b")] {
-            let r = c.post(gw.url("/v1/chat/completions")).json(&chat(model, "hi")).send().await.unwrap();
+        for (model, node) in [
+            ("beta:1b", "rt-b"),
+            ("alpha:1b", "rt-a"),
+            ("beta:1b", "rt-b"),
+        ] {
+            let r = c
+                .post(gw.url("/v1/chat/completions"))
+                .json(&chat(model, "hi"))
+                .send()
+                .await
+                .unwrap();
             assert_eq!(r.status(), 200);
             assert_eq!(r.headers()["x-fleet-node"], node);
             assert_eq!(r.headers()["x-fleet-served-model"], model);
             assert_eq!(r.headers()["x-fleet-requested-model"], model);
             let body: Value = r.json().await.unwrap();
             assert_eq!(body["object"], "chat.completion");
-            assert!(body["choices"][0]["message"]["content"].as_str().unwrap().len() > 0);
+            assert!(!body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .is_empty());
         }
     });
-    assert_eq!(a.control().stats().requests, 1);
-    assert_eq!(b.control().stats().requests, 2);
+    assert_eq!(served(&a), 1);
+    assert_eq!(served(&b), 2);
 }
 
 #[test]
 fn alias_is_rewritten_for_the_node() {
     let rt = runtime();
     let a = sim_with(&rt, "  - {name: llama3.2:3b, size_gb: 2, loaded: true}\n");
-    let yaml = format!("models:\n  aliases:\n    gpt-4o-mini: llama3.2:3b\n{}", fleet(&[node("al-a", &a, "")]));
+    let yaml = format!(
+        "models:\n  aliases:\n    gpt-4o-mini: llama3.2:3b\n{}",
+        fleet(&[node("al-a", &a, "")])
+    );
     let gw = Gateway::start(&yaml);
     rt.block_on(async {
-        let r = client().post(gw.url("/v1/chat/completions")).json(&chat("gpt-4o-mini", "hi")).send().await.unwrap();
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("gpt-4o-mini", "hi"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-fleet-served-model"], "llama3.2:3b");
         assert_eq!(r.headers()["x-fleet-requested-model"], "gpt-4o-mini");
     });
-    assert_eq!(a.control().stats().last_model, "llama3.2:3b");
+    assert_eq!(a.control().stats().by_model.get("llama3.2:3b"), Some(&1));
 }
 
 #[test]
@@ -63,14 +86,22 @@ fn stream_reaches_client_before_node_finishes() {
     rt.block_on(async {
         let mut body = chat("alpha:1b", "stream please");
         body["stream"] = json!(true);
-        let mut r = client().post(gw.url("/v1/chat/completions")).json(&body).send().await.unwrap();
+        let mut r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-fleet-node"], "st-a");
         // The node is parked after its first chunk: what we read now cannot be the last one.
         let first = r.chunk().await.unwrap().expect("first chunk");
         let text = String::from_utf8_lossy(&first).to_string();
         assert!(text.starts_with("data: "), "{text}");
-        assert!(!text.contains("[DONE]"), "the stream must not be complete yet: {text}");
+        assert!(
+            !text.contains("[DONE]"),
+            "the stream must not be complete yet: {text}"
+        );
         assert_eq!(ctl.stats().in_flight, 1, "node still generating");
         ctl.release();
         let mut rest = String::new();
@@ -87,10 +118,18 @@ fn ollama_ndjson_stream_passes_through() {
     let a = sim_with(&rt, "  - {name: alpha:1b, size_gb: 1, loaded: true}\n");
     let gw = Gateway::start(&fleet(&[node("nd-a", &a, "")]));
     rt.block_on(async {
-        let r = client().post(gw.url("/api/chat")).json(&chat("alpha:1b", "hi")).send().await.unwrap();
+        let r = client()
+            .post(gw.url("/api/chat"))
+            .json(&chat("alpha:1b", "hi"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         let text = r.text().await.unwrap();
-        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert!(lines.len() > 2, "streamed by default: {text}");
         assert_eq!(lines.last().unwrap()["done"], true);
     });
@@ -99,8 +138,14 @@ fn ollama_ndjson_stream_passes_through() {
 #[test]
 fn bodies_of_any_size_arrive_whole() {
     let rt = runtime();
-    let a = sim(&rt, &format!("{SMALL}models:\n  - {{name: big:1b, size_gb: 1, context: 1000000, loaded: true}}\n"));
-    let gw = Gateway::start(&fleet(&[node("bd-a", &a, "")]));
+    let a = sim(
+        &rt,
+        &format!(
+            "{SMALL}models:\n  - {{name: big:1b, size_gb: 1, context: 1000000, loaded: true}}\n"
+        ),
+    );
+    // No polls during the test: they would overwrite the node's last-request record.
+    let gw = Gateway::start(&format!("{QUIET}{}", fleet(&[node("bd-a", &a, "")])));
     let c = client();
     rt.block_on(async {
         // 1 KiB, just under and over Pingora's 64 KiB replay buffer, and 1 MiB.
@@ -176,7 +221,7 @@ fn errors_are_native_to_each_protocol() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], "request_too_large");
     });
-    assert_eq!(a.control().stats().requests, 0, "nothing reached the node");
+    assert_eq!(served(&a), 0, "nothing reached the node");
 }
 
 #[test]
@@ -188,7 +233,12 @@ fn no_node_up_is_503_with_retry_after() {
     );
     let gw = Gateway::start(&yaml);
     rt.block_on(async {
-        let r = client().post(gw.url("/v1/chat/completions")).json(&chat("alpha:1b", "hi")).send().await.unwrap();
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("alpha:1b", "hi"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()["retry-after"], "2");
         let v: Value = r.json().await.unwrap();
@@ -199,8 +249,14 @@ fn no_node_up_is_503_with_retry_after() {
 #[test]
 fn local_endpoints_aggregate_the_fleet() {
     let rt = runtime();
-    let a = sim_with(&rt, "  - {name: alpha:1b, size_gb: 1, loaded: true}\n  - {name: shared:7b, size_gb: 4}\n");
-    let b = sim_with(&rt, "  - {name: beta:1b, size_gb: 1}\n  - {name: shared:7b, size_gb: 4}\n");
+    let a = sim_with(
+        &rt,
+        "  - {name: alpha:1b, size_gb: 1, loaded: true}\n  - {name: shared:7b, size_gb: 4}\n",
+    );
+    let b = sim_with(
+        &rt,
+        "  - {name: beta:1b, size_gb: 1}\n  - {name: shared:7b, size_gb: 4}\n",
+    );
     let gw = Gateway::start(&fleet(&[node("lo-a", &a, ""), node("lo-b", &b, "")]));
     let c = client();
     rt.block_on(async {
@@ -227,7 +283,7 @@ fn local_endpoints_aggregate_the_fleet() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["input_tokens"], 104, "400 chars / 4 + 4 per message");
     });
-    assert_eq!(a.control().stats().requests + b.control().stats().requests, 0);
+    assert_eq!(served(&a) + served(&b), 0);
 }
 
 #[test]
@@ -266,10 +322,15 @@ fn connect_failure_fails_over_to_the_next_node() {
     // Both polled up; now the first choice refuses connections.
     a.control().set_fault(fleetgate::sim::Fault::Refuse);
     rt.block_on(async {
-        let r = client().post(gw.url("/v1/chat/completions")).json(&chat("alpha:1b", "hi")).send().await.unwrap();
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("alpha:1b", "hi"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-fleet-node"], "fo-b");
         assert_eq!(r.headers()["x-fleet-retries"], "1");
     });
-    assert_eq!(b.control().stats().requests, 1);
+    assert_eq!(served(&b), 1);
 }

@@ -43,7 +43,10 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
 async fn metrics(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
     status::refresh_gauges(&fleet);
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         crate::metrics::encode(),
     )
 }
@@ -55,7 +58,9 @@ async fn status(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
 #[async_trait]
 impl BackgroundService for AdminService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let Some(std_listener) = self.listener.lock().take() else { return };
+        let Some(std_listener) = self.listener.lock().take() else {
+            return;
+        };
         let listener = match std_listener
             .set_nonblocking(true)
             .and_then(|_| tokio::net::TcpListener::from_std(std_listener))
@@ -70,7 +75,10 @@ impl BackgroundService for AdminService {
         let stop = async move {
             let _ = shutdown.changed().await;
         };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+        {
             log::error!("admin listener stopped: {e}");
         }
     }

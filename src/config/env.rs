@@ -2,7 +2,6 @@
 
 use super::{ConfigError, FileConfig};
 
-
 /// Apply overrides; `get` reads a variable (injected so tests need not touch the process env).
 pub fn apply_env(
     f: &mut FileConfig,

@@ -41,7 +41,13 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     };
     let req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
     let view = fleet.view();
-    let decision = routing::decide(&req, &view, &fleet.config.routing.policy, fleet.as_ref(), now_ms());
+    let decision = routing::decide(
+        &req,
+        &view,
+        &fleet.config.routing.policy,
+        fleet.as_ref(),
+        now_ms(),
+    );
     let Some(winner) = decision.winner().cloned() else {
         let (code, msg) = match decision.no_route.unwrap_or(NoRoute::NoProvider) {
             NoRoute::ModelNotFound => (
@@ -71,7 +77,12 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     } else {
         body
     };
-    let ranked: Vec<_> = decision.ranked.iter().filter(|c| c.model == winner.model).cloned().collect();
+    let ranked: Vec<_> = decision
+        .ranked
+        .iter()
+        .filter(|c| c.model == winner.model)
+        .cloned()
+        .collect();
     let lease = fleet.lease(winner.node, &winner.model);
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
@@ -107,7 +118,13 @@ fn record_local(_family: Family, protocol: &str, code: ErrorCode) {
 /// Send the request upstream through a subrequest that carries the body, piping the response.
 async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
     let Some(spawner) = session.subrequest_spawner.as_ref() else {
-        return respond::error(session, d.endpoint.family(), ErrorCode::UpstreamError, "subrequests disabled").await;
+        return respond::error(
+            session,
+            d.endpoint.family(),
+            ErrorCode::UpstreamError,
+            "subrequests disabled",
+        )
+        .await;
     };
     let ctx = SubCtx::builder()
         .user_ctx(Box::new(d.clone()))
@@ -133,12 +150,21 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     if session.response_written().is_none() {
         let (unreachable, err) = {
             let st = d.state.lock();
-            (st.unreachable, st.error.clone().unwrap_or_else(|| "upstream failed".into()))
+            (
+                st.unreachable,
+                st.error.clone().unwrap_or_else(|| "upstream failed".into()),
+            )
         };
         let (code, msg) = if unreachable {
-            (ErrorCode::NoProviderAvailable, format!("no node could be reached: {err}"))
+            (
+                ErrorCode::NoProviderAvailable,
+                format!("no node could be reached: {err}"),
+            )
         } else {
-            (ErrorCode::UpstreamError, format!("node {} failed: {err}", d.choice().node_id))
+            (
+                ErrorCode::UpstreamError,
+                format!("node {} failed: {err}", d.choice().node_id),
+            )
         };
         d.state.lock().status = Some(code.status());
         return respond::error(session, d.endpoint.family(), code, &msg).await;
@@ -162,7 +188,10 @@ fn record(d: &Dispatch) {
     if let Some(lease) = lease.filter(|_| (200..300).contains(&status_code)) {
         lease.counters.observe_latency(total.as_secs_f64() * 1000.0);
     }
-    METRICS.duration.with_label_values(&labels).observe(total.as_secs_f64());
+    METRICS
+        .duration
+        .with_label_values(&labels)
+        .observe(total.as_secs_f64());
     if let Some(fb) = st.first_byte {
         METRICS
             .ttft

@@ -17,14 +17,18 @@ pub const NO_FALLBACK_HEADER: &str = "x-fleet-no-fallback";
 
 /// Read the whole request body, refusing more than `max` bytes (413).
 /// The outer `Result` is an I/O failure talking to the client.
-pub async fn read_body(session: &mut Session, max: usize) -> Result<Result<Bytes, (ErrorCode, String)>> {
+pub async fn read_body(
+    session: &mut Session,
+    max: usize,
+) -> Result<Result<Bytes, (ErrorCode, String)>> {
     let too_large = || {
         Err((
             ErrorCode::RequestTooLarge,
             format!("request body exceeds the gateway limit of {max} bytes"),
         ))
     };
-    let declared = header_str(session.req_header(), "content-length").and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        header_str(session.req_header(), "content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > max) {
         session.set_keepalive(None);
         return Ok(too_large());
@@ -41,11 +45,20 @@ pub async fn read_body(session: &mut Session, max: usize) -> Result<Result<Bytes
 }
 
 pub fn header_str<'a>(h: &'a RequestHeader, name: &str) -> Option<&'a str> {
-    h.headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
+    h.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
 }
 
 fn truthy(v: Option<&str>) -> bool {
-    v.is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
+    v.is_some_and(|v| {
+        !matches!(
+            v.to_ascii_lowercase().as_str(),
+            "0" | "false" | "no" | "off"
+        )
+    })
 }
 
 /// Resolve a client-facing model name through the configured aliases.
@@ -54,7 +67,12 @@ pub fn resolve<'a>(config: &'a Config, model: &'a str) -> &'a str {
 }
 
 /// Build what routing sees from the parsed body and the request headers.
-pub fn route_request(config: &Config, ep: Endpoint, parsed: &ParsedRequest, h: &RequestHeader) -> RouteRequest {
+pub fn route_request(
+    config: &Config,
+    ep: Endpoint,
+    parsed: &ParsedRequest,
+    h: &RequestHeader,
+) -> RouteRequest {
     let primary = resolve(config, &parsed.model).to_string();
     let mut models = vec![primary.clone()];
     if !truthy(header_str(h, NO_FALLBACK_HEADER)) {
@@ -71,7 +89,12 @@ pub fn route_request(config: &Config, ep: Endpoint, parsed: &ParsedRequest, h: &
         }
     }
     let mut required_tags: Vec<String> = header_str(h, TAGS_HEADER)
-        .map(|v| v.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect())
+        .map(|v| {
+            v.split(',')
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     if parsed.images > 0 && !required_tags.iter().any(|t| t == "vision") {
         required_tags.push("vision".into());

@@ -14,7 +14,11 @@ const GB: f64 = 1_000_000_000.0;
 /// Every model the live fleet has, aggregated by name over the nodes that are up.
 pub fn models(view: &FleetView) -> Vec<ModelInfo> {
     let mut out: Vec<ModelInfo> = Vec::new();
-    for node in view.nodes.iter().filter(|n| n.health != crate::routing::Health::Offline) {
+    for node in view
+        .nodes
+        .iter()
+        .filter(|n| n.health != crate::routing::Health::Offline)
+    {
         for m in &node.models {
             let info = match out.iter_mut().find(|i| i.name == m.name) {
                 Some(i) => i,
@@ -58,22 +62,36 @@ pub async fn answer(session: &mut Session, fleet: &Fleet, local: Local) -> Resul
         Local::OllamaShow => {
             let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
                 Ok(b) => b,
-                Err((code, msg)) => return respond::error(session, Family::Ollama, code, &msg).await,
+                Err((code, msg)) => {
+                    return respond::error(session, Family::Ollama, code, &msg).await
+                }
             };
             match protocol::ollama_show(&body, &models) {
                 Ok(b) => b,
-                Err((code, msg)) => return respond::error(session, Family::Ollama, code, &msg).await,
+                Err((code, msg)) => {
+                    return respond::error(session, Family::Ollama, code, &msg).await
+                }
             }
         }
         Local::AnthropicCountTokens => {
             let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
                 Ok(b) => b,
-                Err((code, msg)) => return respond::error(session, Family::Anthropic, code, &msg).await,
+                Err((code, msg)) => {
+                    return respond::error(session, Family::Anthropic, code, &msg).await
+                }
             };
             match protocol::parse(Endpoint::AnthropicMessages, &body) {
-                Ok(p) => protocol::count_tokens_body(p.estimated_prompt_tokens(fleet.config.routing.chars_per_token)),
+                Ok(p) => protocol::count_tokens_body(
+                    p.estimated_prompt_tokens(fleet.config.routing.chars_per_token),
+                ),
                 Err(e) => {
-                    return respond::error(session, Family::Anthropic, ErrorCode::InvalidRequest, &e.message).await
+                    return respond::error(
+                        session,
+                        Family::Anthropic,
+                        ErrorCode::InvalidRequest,
+                        &e.message,
+                    )
+                    .await
                 }
             }
         }

@@ -88,7 +88,10 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         if session.subrequest_ctx.is_some() {
             let Some(d) = take_dispatch(session) else {
-                return Error::e_explain(pingora::ErrorType::InternalError, "subrequest without dispatch");
+                return Error::e_explain(
+                    pingora::ErrorType::InternalError,
+                    "subrequest without dispatch",
+                );
             };
             prepare_upstream_header(session.req_header_mut(), d.body.len())?;
             ctx.dispatch = Some(d);
@@ -98,9 +101,16 @@ impl ProxyHttp for Gateway {
         Ok(true)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         let Some(d) = &ctx.dispatch else {
-            return Error::e_explain(pingora::ErrorType::InternalError, "no dispatch for upstream");
+            return Error::e_explain(
+                pingora::ErrorType::InternalError,
+                "no dispatch for upstream",
+            );
         };
         let node = self.fleet.node_config(d.choice().node);
         let limits = &self.fleet.config.limits;
@@ -121,7 +131,10 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         let Some(d) = &ctx.dispatch else { return e };
         let failed = d.choice().node_id.clone();
-        d.state.lock().error = Some(format!("cannot connect to node {failed} ({})", e.etype().as_str()));
+        d.state.lock().error = Some(format!(
+            "cannot connect to node {failed} ({})",
+            e.etype().as_str()
+        ));
         match d.next_attempt() {
             Some(next) => {
                 let c = &d.ranked[next];
@@ -145,7 +158,10 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(d) = &ctx.dispatch {
-            upstream.insert_header("host", self.fleet.node_config(d.choice().node).host.as_str())?;
+            upstream.insert_header(
+                "host",
+                self.fleet.node_config(d.choice().node).host.as_str(),
+            )?;
         }
         Ok(())
     }
@@ -156,7 +172,9 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let Some(d) = &ctx.dispatch else { return Ok(()) };
+        let Some(d) = &ctx.dispatch else {
+            return Ok(());
+        };
         let c = d.choice();
         let retries = {
             let mut st = d.state.lock();
@@ -189,7 +207,12 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
-    async fn fail_to_proxy(&self, _session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        _session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         // The client-facing request writes the native error (or ends the stream) itself.
         if let Some(d) = &ctx.dispatch {
             let mut st = d.state.lock();

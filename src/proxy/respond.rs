@@ -11,7 +11,12 @@ use crate::protocol::{self, ErrorCode, Family};
 pub const RETRY_AFTER_S: u32 = 2;
 
 /// Write a complete JSON response.
-pub async fn json(session: &mut Session, status: u16, body: Bytes, retry_after: Option<u32>) -> Result<()> {
+pub async fn json(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+) -> Result<()> {
     let mut h = ResponseHeader::build(status, Some(4))?;
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len().to_string())?;
@@ -27,10 +32,21 @@ pub async fn json(session: &mut Session, status: u16, body: Bytes, retry_after: 
 }
 
 /// Write an error in the client's protocol shape, with `Retry-After` where the code calls for it.
-pub async fn error(session: &mut Session, family: Family, code: ErrorCode, message: &str) -> Result<()> {
+pub async fn error(
+    session: &mut Session,
+    family: Family,
+    code: ErrorCode,
+    message: &str,
+) -> Result<()> {
     let retry_after = matches!(code, ErrorCode::NoProviderAvailable | ErrorCode::QueueFull)
         .then_some(RETRY_AFTER_S);
-    json(session, code.status(), protocol::error_body(family, code, message), retry_after).await
+    json(
+        session,
+        code.status(),
+        protocol::error_body(family, code, message),
+        retry_after,
+    )
+    .await
 }
 
 /// The protocol family a path belongs to, for errors on requests that did not parse.

@@ -53,6 +53,7 @@ impl BackgroundService for HealthPoller {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.fleet.config.health.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the first tick is immediate; startup already polled
         loop {
             tokio::select! {
                 _ = shutdown.changed() => break,

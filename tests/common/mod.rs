@@ -25,14 +25,18 @@ pub fn runtime() -> Runtime {
 
 /// A free port on 127.0.0.1 (bound and released; the gateway binds it right after).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind")
+        .port()
 }
 
 /// Start a sim node on an ephemeral port.
 pub fn sim(rt: &Runtime, yaml: &str) -> SimHandle {
     let spec: SimSpec = serde_yaml::from_str(yaml).expect("sim spec");
     let l = TcpListener::bind("127.0.0.1:0").expect("bind sim");
-    rt.block_on(fleetgate::sim::start(spec, l)).expect("start sim")
+    rt.block_on(fleetgate::sim::start(spec, l))
+        .expect("start sim")
 }
 
 struct Stop(parking_lot::Mutex<Option<oneshot::Receiver<()>>>);
@@ -120,5 +124,13 @@ pub fn control(sim: &SimHandle) -> Arc<SimControl> {
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// Inference requests a sim node received (polls of /api/tags and /api/ps carry no model).
+pub fn served(sim: &SimHandle) -> u64 {
+    sim.control().stats().by_model.values().sum()
 }
