@@ -7,7 +7,7 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::types::{FleetView, RouteRequest};
+use super::types::RouteRequest;
 
 /// Conversation key of `X-Fleet-Conversation: tag` for `tenant`: the first 8 bytes (big
 /// endian) of HMAC-SHA256(secret, tenant || 0x00 || tag). Tags never collide across tenants.
@@ -46,28 +46,13 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// For each candidate model (by position in `req.models`), the rendezvous node among the
-/// nodes that have it (on disk, loaded or pullable), regardless of their live state, so the
-/// owner only moves when the fleet itself changes. Ties go to the lower node index.
-/// Empty when the request has no affinity key or is pinned (pin trumps sticky).
-pub(super) fn rendezvous_nodes(req: &RouteRequest, fleet: &FleetView) -> Vec<Option<usize>> {
-    let key = match (req.affinity_key, &req.pin) {
-        (Some(key), None) => key,
-        _ => return Vec::new(),
-    };
-    let mut best: Vec<Option<(u64, usize)>> = vec![None; req.models.len()];
-    for (idx, node) in fleet.nodes.iter().enumerate() {
-        let weight = rendezvous_weight(key, &node.id);
-        for (slot, name) in best.iter_mut().zip(&req.models) {
-            if node.model(name).is_none() {
-                continue;
-            }
-            if slot.is_none_or(|(w, _)| weight > w) {
-                *slot = Some((weight, idx));
-            }
-        }
+/// The key rendezvous hashing uses for `req`: none without a conversation, and none when the
+/// request is pinned (pin trumps sticky).
+pub(super) fn request_key(req: &RouteRequest) -> Option<u64> {
+    match (req.affinity_key, &req.pin) {
+        (Some(key), None) => Some(key),
+        _ => None,
     }
-    best.into_iter().map(|b| b.map(|(_, idx)| idx)).collect()
 }
 
 #[cfg(test)]

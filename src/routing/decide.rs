@@ -38,7 +38,10 @@ pub fn decide(
     now_ms: u64,
 ) -> Decision {
     let n_models = req.models.len();
-    let rendezvous = affinity::rendezvous_nodes(req, fleet);
+    let key = affinity::request_key(req);
+    // Per candidate model: (weight, node) of its rendezvous node among the nodes that have it
+    // (whatever their live state, so the owner only moves when the fleet changes).
+    let mut rendezvous: Vec<Option<(u64, usize)>> = vec![None; n_models];
     let mut table = Vec::with_capacity(fleet.nodes.len() * n_models);
     let mut cands: Vec<Cand> = Vec::with_capacity(fleet.nodes.len() * n_models);
     let mut model_known = false;
@@ -53,6 +56,7 @@ pub fn decide(
             provisional_in_use += 1;
         }
         let node_out = eliminate::node_reason(req, node, policy, node_in_flight);
+        let weight = key.map(|k| affinity::rendezvous_weight(k, &node.id));
         let needed = eliminate::needed_tokens(req, node);
         let available = match node_out {
             None => eliminate::available_gb(node),
@@ -63,6 +67,11 @@ pub fn decide(
             if let Some(m) = model {
                 model_known = true;
                 window_fits |= eliminate::window_fits(m, needed);
+                if let Some(w) = weight {
+                    if rendezvous[pos].is_none_or(|(best, _)| w > best) {
+                        rendezvous[pos] = Some((w, idx));
+                    }
+                }
             }
             let outcome = match (node_out, model) {
                 (Some(reason), _) => Err(reason),
@@ -81,7 +90,6 @@ pub fn decide(
                         node_in_flight,
                         fit_ratio,
                         needed_tokens: needed,
-                        rendezvous: rendezvous.get(pos).copied().flatten() == Some(idx),
                         now_ms,
                     };
                     let signals = signals::score(policy, &pair);
@@ -113,6 +121,17 @@ pub fn decide(
         }
     }
 
+    let rendezvous: Vec<Option<usize>> = rendezvous.iter().map(|r| r.map(|(_, idx)| idx)).collect();
+    add_session_affinity(
+        req,
+        fleet,
+        policy,
+        loads,
+        &rendezvous,
+        &mut table,
+        &mut cands,
+    );
+
     if policy
         .provisional_pool_cap
         .is_some_and(|cap| provisional_in_use >= cap)
@@ -131,7 +150,7 @@ pub fn decide(
     rank(&mut cands, n_models, policy.max_ranked);
 
     let affinity = match (req.affinity_key, &req.pin, cands.first()) {
-        (Some(_), None, Some(w)) => match rendezvous.get(w.model).copied().flatten() {
+        (Some(_), None, Some(w)) => match rendezvous[w.model] {
             Some(r) if r == w.node => AffinityKind::Matched,
             Some(r)
                 if matches!(
@@ -179,6 +198,34 @@ pub fn decide(
         no_route,
         affinity,
         table,
+    }
+}
+
+/// Signal 8: the rendezvous node of each candidate model, when it survived, gets
+/// 20 / (1 + depth / 2). `cands` are still in table order here, so found by binary search.
+fn add_session_affinity(
+    req: &RouteRequest,
+    fleet: &FleetView,
+    policy: &Policy,
+    loads: &dyn Loads,
+    rendezvous: &[Option<usize>],
+    table: &mut [Row],
+    cands: &mut [Cand],
+) {
+    let n_models = req.models.len();
+    for (pos, owner) in rendezvous.iter().enumerate() {
+        let Some(idx) = *owner else { continue };
+        let Verdict::Scored { signals, total } = &mut table[idx * n_models + pos].verdict else {
+            continue;
+        };
+        let load = loads.model(idx, &req.models[pos]);
+        let depth = signals::depth(&load, &fleet.nodes[idx]);
+        signals.session_affinity = signals::session_affinity(policy, depth);
+        let sum = signals.total();
+        *total = if sum.is_nan() { f64::NEG_INFINITY } else { sum };
+        if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
+            cands[i].total = *total;
+        }
     }
 }
 

@@ -22,20 +22,16 @@ pub(super) struct Pair<'a> {
     pub node_in_flight: u32,
     pub fit_ratio: f64,
     pub needed_tokens: u64,
-    /// This node is the conversation's rendezvous node for this model.
-    pub rendezvous: bool,
     pub now_ms: u64,
 }
 
-impl Pair<'_> {
-    /// Requests running or waiting for this model on this node, per seat.
-    pub fn depth(&self) -> f64 {
-        f64::from(self.load.in_flight + self.load.pending) / f64::from(self.node.seats.max(1))
-    }
+/// Requests running or waiting for the model on the node, per seat (Signals 3, 4 and 8).
+pub(super) fn depth(load: &ModelLoad, node: &NodeView) -> f64 {
+    f64::from(load.in_flight.saturating_add(load.pending)) / f64::from(node.seats.max(1))
 }
 
 pub(super) fn score(p: &Policy, pair: &Pair<'_>) -> Signals {
-    let depth = pair.depth();
+    let depth = depth(&pair.load, pair.node);
     Signals {
         warmth: warmth(p, pair.model, pair.now_ms),
         memory_fit: memory_fit(p, pair.fit_ratio),
@@ -44,11 +40,8 @@ pub(super) fn score(p: &Policy, pair: &Pair<'_>) -> Signals {
         role_affinity: role_affinity(p, pair.node, pair.model.size_gb),
         availability: availability(p, pair.node),
         context_fit: context_fit(p, pair.model, pair.needed_tokens),
-        session_affinity: if pair.rendezvous {
-            session_affinity(p, depth)
-        } else {
-            0.0
-        },
+        // Signal 8 is added by `decide` once the pass has found the rendezvous node.
+        session_affinity: 0.0,
         tier: tier(p, pair.node.tier),
         load: load(p, pair),
     }
@@ -196,7 +189,7 @@ pub(super) fn context_fit(p: &Policy, model: &ModelView, needed: u64) -> f64 {
     }
 }
 
-/// Signal 8: 20 / (1 + depth / 2) on the conversation's rendezvous node.
+/// Signal 8: 20 / (1 + depth / 2) on the conversation's rendezvous node (depth as above).
 pub(super) fn session_affinity(p: &Policy, depth: f64) -> f64 {
     p.session_max / (1.0 + depth / p.session_depth_divisor)
 }

@@ -177,7 +177,6 @@ fn signal4_uses_p75_else_tps_else_bandwidth_heuristic() {
         node_in_flight: 0,
         fit_ratio: 2.0,
         needed_tokens: 1,
-        rendezvous: false,
         now_ms: 0,
     };
     let with_p75 = ModelLoad {
