@@ -241,13 +241,25 @@ pub enum Verdict {
     Scored { signals: Signals, total: f64 },
 }
 
-/// One line of the explain table.
+/// One line of the explain table, by index so building it allocates nothing per row.
+/// [`Decision::explain`] resolves the indices to names for display.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    pub node: String,
-    pub model: String,
+    /// Index into `FleetView::nodes`.
+    pub node: usize,
+    /// Index into `RouteRequest::models`.
+    pub model: usize,
     #[serde(flatten)]
     pub verdict: Verdict,
+}
+
+/// A [`Row`] with names, for `POST /fleet/explain` and `fleetgate explain`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExplainRow<'a> {
+    pub node: &'a str,
+    pub model: &'a str,
+    #[serde(flatten)]
+    pub verdict: &'a Verdict,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -304,5 +316,24 @@ pub struct Decision {
 impl Decision {
     pub fn winner(&self) -> Option<&Choice> {
         self.ranked.first()
+    }
+
+    /// The explain table with node and model names; `req` and `fleet` must be the ones this
+    /// decision was made from (rows whose indices do not resolve are skipped).
+    pub fn explain<'a>(
+        &'a self,
+        req: &'a RouteRequest,
+        fleet: &'a FleetView,
+    ) -> Vec<ExplainRow<'a>> {
+        self.table
+            .iter()
+            .filter_map(|row| {
+                Some(ExplainRow {
+                    node: fleet.nodes.get(row.node)?.id.as_str(),
+                    model: req.models.get(row.model)?.as_str(),
+                    verdict: &row.verdict,
+                })
+            })
+            .collect()
     }
 }

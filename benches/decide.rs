@@ -1,0 +1,128 @@
+//! Criterion bench of `routing::decide` at 10, 100 and 1000 nodes with 1 and 4 candidate models.
+//!
+//! `cargo bench --bench decide`
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use fleetgate::routing::{
+    decide, Family, FleetView, Learning, Loads, ModelLoad, ModelView, NodeView, Policy,
+    RouteRequest, Tier,
+};
+
+const MODELS: [&str; 6] = [
+    "llama3:70b",
+    "qwen2.5:32b",
+    "mistral:7b",
+    "phi3:mini",
+    "gemma2:9b",
+    "qwen3:4b",
+];
+
+/// A mixed fleet: each node holds 4 of the 6 models, some loaded, varied hardware and state.
+fn fleet(n: usize) -> FleetView {
+    let nodes = (0..n)
+        .map(|i| {
+            let models = (0..4)
+                .map(|k| {
+                    let name = MODELS[(i + k) % MODELS.len()];
+                    let size = [40.0, 19.0, 4.1, 2.3, 5.4, 2.5][(i + k) % MODELS.len()];
+                    ModelView {
+                        name: name.into(),
+                        size_gb: size,
+                        resident_gb: (i % 3 == 0).then_some(size * 1.2),
+                        loaded: (i + k) % 3 == 0,
+                        loaded_context: Some(8_192 << (i % 3)),
+                        max_context: 131_072,
+                        unloaded_at_ms: (i % 4 == 1).then_some(1_000),
+                        on_disk: k < 3,
+                    }
+                })
+                .collect();
+            NodeView {
+                id: format!("node-{i:04}"),
+                free_memory_gb: Some([24.0, 48.0, 96.0, 160.0][i % 4]),
+                memory_gb: [32.0, 64.0, 128.0, 192.0][i % 4],
+                bandwidth_gbps: (i % 5 != 0).then_some([100.0, 273.0, 400.0, 800.0][i % 4]),
+                seats: 1 + (i % 4) as u32,
+                hard_cap: 8,
+                tier: if i % 7 == 0 {
+                    Tier::Provisional
+                } else {
+                    Tier::Pinned
+                },
+                tags: vec!["vision".into()],
+                families: vec![Family::OpenAI, Family::Ollama],
+                models,
+                output_reserve: 2_048,
+                overhead_tokens: 512,
+                learning: (i % 6 == 0).then_some(Learning {
+                    availability: 0.8,
+                    ceiling_gb: Some(64.0),
+                    cpu_high_for_s: 0,
+                    days_observed: 30.0,
+                }),
+                ..NodeView::default()
+            }
+        })
+        .collect();
+    FleetView { nodes }
+}
+
+/// Loads as the proxy keeps them: flat arrays indexed by node (no hashing on the hot path).
+struct FlatLoads {
+    node: Vec<u32>,
+    model: Vec<ModelLoad>,
+}
+
+impl FlatLoads {
+    fn new(n: usize) -> Self {
+        let model = (0..n)
+            .map(|i| ModelLoad {
+                in_flight: (i % 3) as u32,
+                pending: (i % 5) as u32 / 2,
+                p75_ms: (i % 2 == 0).then_some(4_000.0 + i as f64),
+                observed_tps: (i % 3 == 1).then_some(35.0),
+            })
+            .collect();
+        FlatLoads {
+            node: (0..n).map(|i| (i % 4) as u32).collect(),
+            model,
+        }
+    }
+}
+
+impl Loads for FlatLoads {
+    fn node_in_flight(&self, node: usize) -> u32 {
+        self.node[node]
+    }
+    fn model(&self, node: usize, _model: &str) -> ModelLoad {
+        self.model[node]
+    }
+}
+
+fn bench_decide(c: &mut Criterion) {
+    let policy = Policy {
+        provisional_pool_cap: Some(2),
+        ..Policy::default()
+    };
+    let mut group = c.benchmark_group("decide");
+    for &n in &[10usize, 100, 1000] {
+        let fleet = fleet(n);
+        let loads = FlatLoads::new(n);
+        for &m in &[1usize, 4] {
+            let req = RouteRequest {
+                models: MODELS[..m].iter().map(|s| s.to_string()).collect(),
+                family: Some(Family::OpenAI),
+                prompt_tokens: 3_000,
+                affinity_key: Some(0x5eed),
+                ..RouteRequest::default()
+            };
+            group.bench_with_input(BenchmarkId::new(format!("{m}_models"), n), &n, |b, _| {
+                b.iter(|| decide(black_box(&req), &fleet, &policy, &loads, 3_600_000))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_decide);
+criterion_main!(benches);

@@ -1,0 +1,266 @@
+//! The engine: one pass over every (node, candidate model) pair, then the provisional pool cap,
+//! then the fallback-chain ranking and the affinity outcome.
+
+use super::affinity;
+use super::eliminate;
+use super::policy::Policy;
+use super::signals::{self, Pair};
+use super::types::{
+    AffinityKind, Choice, Decision, FleetView, Loads, NoRoute, Reason, RouteRequest, Row, Tier,
+    Verdict,
+};
+
+/// A surviving pair, kept small: the explain table holds the signals.
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    node: usize,
+    model: usize,
+    total: f64,
+    loaded: bool,
+    /// Provisional node with nothing in flight: what the provisional pool cap removes.
+    idle_provisional: bool,
+    /// Fallback-chain order of the model: models loaded on a survivor first, then list order.
+    rank: usize,
+}
+
+/// Decide where `req` goes in `fleet` given the live `loads`, at time `now_ms`.
+///
+/// Stage 1 eliminates pairs with a [`Reason`]; Stage 2 scores survivors (see `signals`).
+/// Fallback chain (spec 000): if any candidate model is loaded on a surviving node, the first
+/// such model in list order wins, on its best-scoring node; otherwise the first model some node
+/// can load. `ranked` is the winner, then the same model on other nodes, then the other models
+/// in that same order, each by score (ties: lower node index), at most `policy.max_ranked`.
+pub fn decide(
+    req: &RouteRequest,
+    fleet: &FleetView,
+    policy: &Policy,
+    loads: &dyn Loads,
+    now_ms: u64,
+) -> Decision {
+    let n_models = req.models.len();
+    let key = affinity::request_key(req);
+    // Per candidate model: (weight, node) of its rendezvous node among the nodes that have it
+    // (whatever their live state, so the owner only moves when the fleet changes).
+    let mut rendezvous: Vec<Option<(u64, usize)>> = vec![None; n_models];
+    let mut table = Vec::with_capacity(fleet.nodes.len() * n_models);
+    let mut cands: Vec<Cand> = Vec::with_capacity(fleet.nodes.len() * n_models);
+    let mut model_known = false;
+    let mut window_fits = false;
+    let mut pinned_spare = vec![false; n_models];
+    let mut provisional_in_use = 0u32;
+
+    for (idx, node) in fleet.nodes.iter().enumerate() {
+        let node_in_flight = loads.node_in_flight(idx);
+        let provisional = node.tier == Tier::Provisional;
+        if provisional && node_in_flight > 0 {
+            provisional_in_use += 1;
+        }
+        let node_out = eliminate::node_reason(req, node, policy, node_in_flight);
+        let weight = key.map(|k| affinity::rendezvous_weight(k, &node.id));
+        let needed = eliminate::needed_tokens(req, node);
+        let available = match node_out {
+            None => eliminate::available_gb(node),
+            Some(_) => 0.0,
+        };
+        for (pos, name) in req.models.iter().enumerate() {
+            let model = node.model(name);
+            if let Some(m) = model {
+                model_known = true;
+                window_fits |= eliminate::window_fits(m, needed);
+                if let Some(w) = weight {
+                    if rendezvous[pos].is_none_or(|(best, _)| w > best) {
+                        rendezvous[pos] = Some((w, idx));
+                    }
+                }
+            }
+            let outcome = match (node_out, model) {
+                (Some(reason), _) => Err(reason),
+                (None, None) => Err(Reason::ModelAbsent),
+                (None, Some(m)) => eliminate::model_reason(req, policy, node, m, needed, available)
+                    .map(|fit| (m, fit)),
+            };
+            let verdict = match outcome {
+                Err(reason) => Verdict::Eliminated { reason },
+                Ok((m, fit_ratio)) => {
+                    let pair = Pair {
+                        req,
+                        node,
+                        model: m,
+                        load: loads.model(idx, name),
+                        node_in_flight,
+                        fit_ratio,
+                        needed_tokens: needed,
+                        now_ms,
+                    };
+                    let signals = signals::score(policy, &pair);
+                    let total = signals.total();
+                    let total = if total.is_nan() {
+                        f64::NEG_INFINITY
+                    } else {
+                        total
+                    };
+                    if !provisional && node_in_flight < node.seats.max(1) {
+                        pinned_spare[pos] = true;
+                    }
+                    cands.push(Cand {
+                        node: idx,
+                        model: pos,
+                        total,
+                        loaded: m.loaded,
+                        idle_provisional: provisional && node_in_flight == 0,
+                        rank: 0,
+                    });
+                    Verdict::Scored { signals, total }
+                }
+            };
+            table.push(Row {
+                node: idx,
+                model: pos,
+                verdict,
+            });
+        }
+    }
+
+    let rendezvous: Vec<Option<usize>> = rendezvous.iter().map(|r| r.map(|(_, idx)| idx)).collect();
+    add_session_affinity(
+        req,
+        fleet,
+        policy,
+        loads,
+        &rendezvous,
+        &mut table,
+        &mut cands,
+    );
+
+    if policy
+        .provisional_pool_cap
+        .is_some_and(|cap| provisional_in_use >= cap)
+    {
+        cands.retain(|c| {
+            let capped = c.idle_provisional && pinned_spare[c.model];
+            if capped {
+                table[c.node * n_models + c.model].verdict = Verdict::Eliminated {
+                    reason: Reason::ProvisionalCap,
+                };
+            }
+            !capped
+        });
+    }
+
+    rank(&mut cands, n_models, policy.max_ranked);
+
+    let affinity = match (req.affinity_key, &req.pin, cands.first()) {
+        (Some(_), None, Some(w)) => match rendezvous[w.model] {
+            Some(r) if r == w.node => AffinityKind::Matched,
+            Some(r)
+                if matches!(
+                    table[r * n_models + w.model].verdict,
+                    Verdict::Scored { .. }
+                ) =>
+            {
+                AffinityKind::Spilled
+            }
+            _ => AffinityKind::New,
+        },
+        _ => AffinityKind::None,
+    };
+
+    let no_route = if !cands.is_empty() {
+        None
+    } else if !model_known {
+        Some(NoRoute::ModelNotFound)
+    } else if !window_fits {
+        Some(NoRoute::ContextTooLong)
+    } else if req.pin.is_some() {
+        Some(NoRoute::PinUnavailable)
+    } else {
+        Some(NoRoute::NoProvider)
+    };
+
+    let primary = req.models.first();
+    let ranked = cands
+        .iter()
+        .map(|c| {
+            let model = &req.models[c.model];
+            Choice {
+                node: c.node,
+                node_id: fleet.nodes[c.node].id.clone(),
+                model: model.clone(),
+                score: c.total,
+                fallback: Some(model) != primary,
+                cold: !c.loaded,
+            }
+        })
+        .collect();
+
+    Decision {
+        ranked,
+        no_route,
+        affinity,
+        table,
+    }
+}
+
+/// Signal 8: the rendezvous node of each candidate model, when it survived, gets
+/// 20 / (1 + depth / 2). `cands` are still in table order here, so found by binary search.
+fn add_session_affinity(
+    req: &RouteRequest,
+    fleet: &FleetView,
+    policy: &Policy,
+    loads: &dyn Loads,
+    rendezvous: &[Option<usize>],
+    table: &mut [Row],
+    cands: &mut [Cand],
+) {
+    let n_models = req.models.len();
+    for (pos, owner) in rendezvous.iter().enumerate() {
+        let Some(idx) = *owner else { continue };
+        let Verdict::Scored { signals, total } = &mut table[idx * n_models + pos].verdict else {
+            continue;
+        };
+        let load = loads.model(idx, &req.models[pos]);
+        let depth = signals::depth(&load, &fleet.nodes[idx]);
+        signals.session_affinity = signals::session_affinity(policy, depth);
+        let sum = signals.total();
+        *total = if sum.is_nan() { f64::NEG_INFINITY } else { sum };
+        if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
+            cands[i].total = *total;
+        }
+    }
+}
+
+/// Order survivors by fallback-chain model order, then score (desc), then node index, keeping
+/// the best `max_ranked` (0: all). The order is total, so the result is deterministic.
+fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize) {
+    let mut model_loaded = [false; 64];
+    let mut model_loaded_heap = Vec::new();
+    let loaded: &mut [bool] = if n_models <= model_loaded.len() {
+        &mut model_loaded[..n_models]
+    } else {
+        model_loaded_heap.resize(n_models, false);
+        &mut model_loaded_heap
+    };
+    for c in cands.iter() {
+        if c.loaded {
+            loaded[c.model] = true;
+        }
+    }
+    for c in cands.iter_mut() {
+        c.rank = if loaded[c.model] {
+            c.model
+        } else {
+            n_models + c.model
+        };
+    }
+    let order = |a: &Cand, b: &Cand| {
+        a.rank
+            .cmp(&b.rank)
+            .then(b.total.total_cmp(&a.total))
+            .then(a.node.cmp(&b.node))
+    };
+    if max_ranked > 0 && cands.len() > max_ranked {
+        cands.select_nth_unstable_by(max_ranked - 1, order);
+        cands.truncate(max_ranked);
+    }
+    cands.sort_unstable_by(order);
+}

@@ -1,0 +1,91 @@
+//! Test fixtures: node and model builders and a plain `Loads` table.
+
+use super::types::{
+    Family, FleetView, Loads, ModelLoad, ModelView, NodeView, Row, Signals, Verdict,
+};
+
+/// Loads by node index; model loads by (node, model name).
+#[derive(Debug, Clone, Default)]
+pub struct TableLoads {
+    pub node: Vec<u32>,
+    pub model: Vec<(usize, String, ModelLoad)>,
+}
+
+impl TableLoads {
+    /// One model with `in_flight` + `pending` on node `idx` (node in-flight follows).
+    pub fn with(mut self, idx: usize, model: &str, load: ModelLoad) -> Self {
+        if self.node.len() <= idx {
+            self.node.resize(idx + 1, 0);
+        }
+        self.node[idx] += load.in_flight;
+        self.model.push((idx, model.to_string(), load));
+        self
+    }
+}
+
+impl Loads for TableLoads {
+    fn node_in_flight(&self, node: usize) -> u32 {
+        self.node.get(node).copied().unwrap_or(0)
+    }
+    fn model(&self, node: usize, model: &str) -> ModelLoad {
+        self.model
+            .iter()
+            .find(|(n, m, _)| *n == node && m == model)
+            .map(|(_, _, l)| *l)
+            .unwrap_or_default()
+    }
+}
+
+pub fn queue(in_flight: u32, pending: u32) -> ModelLoad {
+    ModelLoad {
+        in_flight,
+        pending,
+        ..ModelLoad::default()
+    }
+}
+
+/// A model on disk, not loaded, 32k window.
+pub fn model(name: &str, size_gb: f64) -> ModelView {
+    ModelView {
+        name: name.into(),
+        size_gb,
+        max_context: 32_768,
+        on_disk: true,
+        ..ModelView::default()
+    }
+}
+
+pub fn loaded(name: &str, size_gb: f64) -> ModelView {
+    ModelView {
+        loaded: true,
+        loaded_context: Some(32_768),
+        ..model(name, size_gb)
+    }
+}
+
+/// An online pinned node: 1 seat, 64 GB free of 64, 400 GB/s, every protocol.
+pub fn node(id: &str, models: Vec<ModelView>) -> NodeView {
+    NodeView {
+        id: id.into(),
+        free_memory_gb: Some(64.0),
+        memory_gb: 64.0,
+        bandwidth_gbps: Some(400.0),
+        seats: 1,
+        hard_cap: 0,
+        families: vec![Family::OpenAI, Family::Ollama, Family::Anthropic],
+        models,
+        output_reserve: 1_024,
+        ..NodeView::default()
+    }
+}
+
+pub fn fleet(nodes: Vec<NodeView>) -> FleetView {
+    FleetView { nodes }
+}
+
+pub fn signals_of(row: &Row) -> Option<(Signals, f64)> {
+    match row.verdict {
+        Verdict::Scored { signals, total } => Some((signals, total)),
+        Verdict::Eliminated { .. } => None,
+    }
+}
