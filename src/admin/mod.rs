@@ -1,5 +1,6 @@
 //! Admin listener: `/metrics`, `/fleet/status` (more endpoints land with later stages).
 
+pub mod explain;
 mod status;
 
 use std::net::TcpListener;
@@ -37,6 +38,7 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/fleet/status", get(status))
+        .merge(explain::routes())
         .with_state(fleet)
 }
 

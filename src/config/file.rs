@@ -92,6 +92,10 @@ pub struct RoutingFile {
     pub retries: u32,
     pub chars_per_token: f64,
     pub default_output_reserve: u32,
+    /// HMAC secret for `X-Fleet-Conversation` keys; replicas must share it to agree.
+    pub affinity_secret: String,
+    /// Spec 004 "only warm providers" for every model (per model: `models.require_warm`).
+    pub require_warm: bool,
     pub policy: Policy,
 }
 
@@ -101,6 +105,8 @@ impl Default for RoutingFile {
             retries: 2,
             chars_per_token: 4.0,
             default_output_reserve: 1024,
+            affinity_secret: DEFAULT_AFFINITY_SECRET.into(),
+            require_warm: false,
             policy: Policy::default(),
         }
     }
@@ -113,7 +119,13 @@ pub struct ModelsFile {
     pub aliases: BTreeMap<String, String>,
     /// Model -> fallback models in order, used when the body gives none.
     pub fallbacks: BTreeMap<String, Vec<String>>,
+    /// Models served only by nodes that have them loaded (spec 004 warm-only rule).
+    pub require_warm: Vec<String>,
 }
+
+/// The built-in affinity secret: fine for one gateway, set your own for several replicas
+/// (they agree only when they share it) or to keep conversation keys unguessable.
+pub const DEFAULT_AFFINITY_SECRET: &str = "fleetgate-affinity";
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]

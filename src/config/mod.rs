@@ -32,6 +32,7 @@ pub struct Config {
     pub routing: Routing,
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
+    pub require_warm: Vec<String>,
     pub nodes: Vec<NodeConfig>,
 }
 
@@ -56,6 +57,8 @@ pub struct Routing {
     pub retries: u32,
     pub chars_per_token: f64,
     pub default_output_reserve: u32,
+    pub affinity_secret: String,
+    pub require_warm: bool,
     pub policy: Policy,
 }
 
@@ -149,6 +152,15 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             f.routing.chars_per_token
         ));
     }
+    if let Err(e) = f.routing.policy.validate() {
+        errors.push(format!(
+            "field `routing.policy.{}`: value {}: expected {}",
+            e.field, e.value, e.expected
+        ));
+    }
+    if f.routing.affinity_secret.is_empty() {
+        errors.push("field `routing.affinity_secret`: empty: expected a secret string".into());
+    }
     if f.fleet.nodes.is_empty() {
         errors.push("field `fleet.nodes`: empty: expected at least one node".into());
     }
@@ -191,10 +203,13 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             retries: f.routing.retries,
             chars_per_token: f.routing.chars_per_token,
             default_output_reserve: f.routing.default_output_reserve,
+            affinity_secret: f.routing.affinity_secret,
+            require_warm: f.routing.require_warm,
             policy: f.routing.policy,
         },
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
+        require_warm: f.models.require_warm,
         nodes,
     })
 }

@@ -133,6 +133,8 @@ fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
                 size_gb: m.size_gb,
                 max_context: cap(m.context),
                 on_disk: true,
+                loaded: m.loaded && !live.polled,
+                loaded_context: (m.loaded && !live.polled).then(|| cap(m.context)),
                 ..ModelView::default()
             });
         }
@@ -166,7 +168,7 @@ fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
                 None => {
                     models.push(ModelView {
                         name: lm.name.clone(),
-                        max_context: cap(lm.context.unwrap_or(8192)),
+                        max_context: lm.context.map_or(0, cap),
                         ..ModelView::default()
                     });
                     models.last_mut().expect("just pushed")

@@ -8,13 +8,15 @@ use parking_lot::Mutex;
 
 use crate::fleet::Lease;
 use crate::protocol::Endpoint;
-use crate::routing::Choice;
+use crate::routing::{AffinityKind, Choice};
 
 /// What the client-facing request hands to its subrequest.
 #[derive(Debug)]
 pub struct Dispatch {
     pub endpoint: Endpoint,
     pub requested_model: String,
+    /// What conversation affinity did for this request.
+    pub affinity: AffinityKind,
     /// Winner first, then same-model runners-up for failover.
     pub ranked: Vec<Choice>,
     pub body: Bytes,

@@ -35,11 +35,10 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
         Ok(b) => b,
         Err((code, msg)) => return fail(session, ep, code, &msg).await,
     };
-    let parsed = match protocol::parse(ep, &body) {
-        Ok(p) => p,
-        Err(e) => return fail(session, ep, ErrorCode::InvalidRequest, &e.message).await,
+    let (parsed, req) = match intake::prepare(&fleet.config, ep, &body, session.req_header()) {
+        Ok(v) => v,
+        Err(msg) => return fail(session, ep, ErrorCode::InvalidRequest, &msg).await,
     };
-    let req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
     let view = fleet.view();
     let decision = routing::decide(
         &req,
@@ -87,6 +86,7 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
         requested_model: parsed.model.clone(),
+        affinity: decision.affinity,
         ranked,
         body,
         started: Instant::now(),

@@ -27,6 +27,7 @@ pub use local::models as fleet_models;
 
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
+use crate::routing::AffinityKind;
 
 /// Response headers that say what routing did.
 pub const NODE_HEADER: &str = "x-fleet-node";
@@ -35,6 +36,7 @@ pub const REQUESTED_MODEL_HEADER: &str = "x-fleet-requested-model";
 pub const FALLBACK_HEADER: &str = "x-fleet-fallback";
 pub const RETRIES_HEADER: &str = "x-fleet-retries";
 pub const SCORE_HEADER: &str = "x-fleet-score";
+pub const AFFINITY_HEADER: &str = "x-fleet-affinity";
 
 pub struct Gateway {
     fleet: Arc<Fleet>,
@@ -71,6 +73,16 @@ fn prepare_upstream_header(h: &mut RequestHeader, body_len: usize) -> Result<()>
         h.remove_header(name);
     }
     Ok(())
+}
+
+/// `X-Fleet-Affinity` value; no header when the request carried no conversation.
+pub fn affinity_label(kind: AffinityKind) -> Option<&'static str> {
+    match kind {
+        AffinityKind::None => None,
+        AffinityKind::Matched => Some("matched"),
+        AffinityKind::Spilled => Some("spilled"),
+        AffinityKind::New => Some("new"),
+    }
 }
 
 #[async_trait]
@@ -187,6 +199,9 @@ impl ProxyHttp for Gateway {
         resp.insert_header(FALLBACK_HEADER, if c.fallback { "true" } else { "false" })?;
         resp.insert_header(RETRIES_HEADER, retries.to_string())?;
         resp.insert_header(SCORE_HEADER, format!("{:.1}", c.score))?;
+        if let Some(kind) = affinity_label(d.affinity) {
+            resp.insert_header(AFFINITY_HEADER, kind)?;
+        }
         Ok(())
     }
 
