@@ -5,8 +5,8 @@
 
 use once_cell::sync::Lazy;
 use prometheus::{
-    histogram_opts, opts, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGaugeVec, Registry,
-    TextEncoder,
+    histogram_opts, opts, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Registry, TextEncoder,
 };
 
 pub const REQUESTS_TOTAL: &str = "fleetgate_proxy_requests_total";
@@ -17,6 +17,14 @@ pub const NODE_UP: &str = "fleetgate_fleet_node_up";
 pub const MODEL_LOADED: &str = "fleetgate_fleet_model_loaded";
 pub const RETRIES_TOTAL: &str = "fleetgate_proxy_retries_total";
 pub const BUILD_INFO: &str = "fleetgate_build_info";
+pub const QUEUE_WAIT_SECONDS: &str = "fleetgate_queue_wait_seconds";
+pub const QUEUE_PENDING_REQUESTS: &str = "fleetgate_queue_pending_requests";
+pub const QUEUE_ABORTS_TOTAL: &str = "fleetgate_queue_client_aborts_total";
+pub const HOLDING_REQUESTS: &str = "fleetgate_queue_holding_requests";
+pub const HOLDING_OUTCOMES_TOTAL: &str = "fleetgate_queue_holding_outcomes_total";
+pub const PREWARMS_TOTAL: &str = "fleetgate_queue_prewarms_total";
+pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
+pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -36,6 +44,14 @@ pub struct Metrics {
     pub model_loaded: IntGaugeVec,
     pub retries: IntCounterVec,
     pub build_info: GaugeVec,
+    pub queue_wait: HistogramVec,
+    pub pending: IntGaugeVec,
+    pub queue_aborts: IntCounterVec,
+    pub holding_depth: IntGauge,
+    pub holding: IntCounterVec,
+    pub prewarms: IntCounterVec,
+    pub rebalance_moves: IntCounterVec,
+    pub pulls: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -82,6 +98,51 @@ fn build() -> Result<Metrics, prometheus::Error> {
             &["node"],
         )?,
         build_info: GaugeVec::new(opts!(BUILD_INFO, "Build information"), &["version"])?,
+        queue_wait: HistogramVec::new(
+            histogram_opts!(
+                QUEUE_WAIT_SECONDS,
+                "Time waiting in the gateway before dispatch",
+                LATENCY_BUCKETS.to_vec()
+            ),
+            nm,
+        )?,
+        pending: IntGaugeVec::new(
+            opts!(
+                QUEUE_PENDING_REQUESTS,
+                "Requests waiting per node:model queue"
+            ),
+            nm,
+        )?,
+        queue_aborts: IntCounterVec::new(
+            opts!(
+                QUEUE_ABORTS_TOTAL,
+                "Clients that left while waiting for a seat"
+            ),
+            nm,
+        )?,
+        holding_depth: IntGauge::with_opts(opts!(
+            HOLDING_REQUESTS,
+            "Requests in the holding queue"
+        ))?,
+        holding: IntCounterVec::new(
+            opts!(
+                HOLDING_OUTCOMES_TOTAL,
+                "Holding-queue outcomes: served, timeout, full, aborted"
+            ),
+            &["outcome"],
+        )?,
+        prewarms: IntCounterVec::new(opts!(PREWARMS_TOTAL, "Pre-warm loads sent (Stage 4)"), nm)?,
+        rebalance_moves: IntCounterVec::new(
+            opts!(
+                REBALANCE_MOVES_TOTAL,
+                "Waiting requests moved to another node (Stage 5)"
+            ),
+            &["from", "to", "model"],
+        )?,
+        pulls: IntCounterVec::new(
+            opts!(PULLS_TOTAL, "Auto-pulls by outcome"),
+            &["node", "outcome"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -92,6 +153,14 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.model_loaded.clone()))?;
     m.registry.register(Box::new(m.retries.clone()))?;
     m.registry.register(Box::new(m.build_info.clone()))?;
+    m.registry.register(Box::new(m.queue_wait.clone()))?;
+    m.registry.register(Box::new(m.pending.clone()))?;
+    m.registry.register(Box::new(m.queue_aborts.clone()))?;
+    m.registry.register(Box::new(m.holding_depth.clone()))?;
+    m.registry.register(Box::new(m.holding.clone()))?;
+    m.registry.register(Box::new(m.prewarms.clone()))?;
+    m.registry.register(Box::new(m.rebalance_moves.clone()))?;
+    m.registry.register(Box::new(m.pulls.clone()))?;
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);

@@ -30,6 +30,7 @@ pub struct Config {
     pub limits: Limits,
     pub health: Health,
     pub routing: Routing,
+    pub queue: QueueFile,
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
     pub require_warm: Vec<String>,
@@ -161,6 +162,21 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
     if f.routing.affinity_secret.is_empty() {
         errors.push("field `routing.affinity_secret`: empty: expected a secret string".into());
     }
+    for (field, v, min) in [
+        ("queue.holding_rescore_ms", f.queue.holding_rescore_ms, 10),
+        ("queue.prewarm_interval_ms", f.queue.prewarm_interval_ms, 10),
+        (
+            "queue.rebalance_interval_ms",
+            f.queue.rebalance_interval_ms,
+            10,
+        ),
+    ] {
+        if v < min {
+            errors.push(format!(
+                "field `{field}`: value {v}: expected at least {min}"
+            ));
+        }
+    }
     if f.fleet.nodes.is_empty() {
         errors.push("field `fleet.nodes`: empty: expected at least one node".into());
     }
@@ -207,6 +223,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             require_warm: f.routing.require_warm,
             policy: f.routing.policy,
         },
+        queue: f.queue,
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
         require_warm: f.models.require_warm,

@@ -21,6 +21,10 @@ pub struct Dispatch {
     pub ranked: Vec<Choice>,
     pub body: Bytes,
     pub started: Instant,
+    /// Time spent in the holding and node:model queues before dispatch.
+    pub queue_wait: std::time::Duration,
+    /// The client asked for a stream (SSE / NDJSON).
+    pub stream: bool,
     pub max_retries: u32,
     pub state: Mutex<Attempts>,
 }
@@ -40,6 +44,8 @@ pub struct Attempts {
     pub error: Option<String>,
     /// Every attempt failed to connect: nothing reached any node.
     pub unreachable: bool,
+    /// The node failed after the response began (the stream was cut).
+    pub broken: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
 }

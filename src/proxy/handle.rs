@@ -10,12 +10,10 @@ use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::dispatch::{Attempts, Dispatch};
-use super::{intake, local, respond};
+use super::{intake, local, place, respond};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::protocol::{self, Endpoint, ErrorCode, Family};
-use crate::routing::{self, NoRoute};
-use crate::services::now_ms;
+use crate::protocol::{self, Endpoint, ErrorCode};
 
 /// Serve one client request completely (the response is written when this returns Ok).
 pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result<()> {
@@ -27,10 +25,9 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     let Some(ep) = protocol::detect(&method, &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
-        record_local(family, "-", ErrorCode::InvalidRequest);
+        record_local("-", ErrorCode::InvalidRequest);
         return respond::error(session, family, ErrorCode::InvalidRequest, &msg).await;
     };
-    let family = ep.family();
     let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, ep, code, &msg).await,
@@ -39,64 +36,31 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
         Ok(v) => v,
         Err(msg) => return fail(session, ep, ErrorCode::InvalidRequest, &msg).await,
     };
-    let view = fleet.view();
-    let decision = routing::decide(
-        &req,
-        &view,
-        &fleet.config.routing.policy,
-        fleet.as_ref(),
-        now_ms(),
-    );
-    let Some(winner) = decision.winner().cloned() else {
-        let (code, msg) = match decision.no_route.unwrap_or(NoRoute::NoProvider) {
-            NoRoute::ModelNotFound => (
-                ErrorCode::ModelNotFound,
-                format!("model '{}' not found on any node", parsed.model),
-            ),
-            NoRoute::ContextTooLong => (
-                ErrorCode::ContextLengthExceeded,
-                format!(
-                    "request needs about {} prompt tokens plus output; no node's context window for '{}' fits",
-                    req.prompt_tokens, req.models[0]
-                ),
-            ),
-            NoRoute::PinUnavailable => (
-                ErrorCode::NoProviderAvailable,
-                format!("pinned node '{}' cannot serve this request now", req.pin.clone().unwrap_or_default()),
-            ),
-            NoRoute::NoProvider => (
-                ErrorCode::NoProviderAvailable,
-                format!("no node can serve model '{}' right now", req.models[0]),
-            ),
-        };
-        return fail(session, ep, code, &msg).await;
+    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+        Ok(p) => p,
+        Err(unplaced) => return place::answer(session, ep, unplaced).await,
     };
-    let body = if winner.model != parsed.model {
-        protocol::rewrite_model(&body, &winner.model).unwrap_or(body)
+    let model = placement.ranked[0].model.clone();
+    let body = if model != parsed.model {
+        protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
         body
     };
-    let ranked: Vec<_> = decision
-        .ranked
-        .iter()
-        .filter(|c| c.model == winner.model)
-        .cloned()
-        .collect();
-    let lease = fleet.lease(winner.node, &winner.model);
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
         requested_model: parsed.model.clone(),
-        affinity: decision.affinity,
-        ranked,
+        affinity: placement.affinity,
+        ranked: placement.ranked,
         body,
         started: Instant::now(),
+        queue_wait: placement.queue_wait,
+        stream: parsed.stream,
         max_retries: fleet.config.routing.retries,
         state: Mutex::new(Attempts {
-            lease: Some(lease),
+            lease: Some(placement.lease),
             ..Attempts::default()
         }),
     });
-    let _ = family;
     proxy_via_subrequest(session, &dispatch).await?;
     record(&dispatch);
     Ok(())
@@ -104,11 +68,11 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
 
 /// Answer with an error the gateway produced before any node was involved.
 async fn fail(session: &mut Session, ep: Endpoint, code: ErrorCode, msg: &str) -> Result<()> {
-    record_local(ep.family(), ep.label(), code);
+    record_local(ep.label(), code);
     respond::error(session, ep.family(), code, msg).await
 }
 
-fn record_local(_family: Family, protocol: &str, code: ErrorCode) {
+pub(super) fn record_local(protocol: &str, code: ErrorCode) {
     METRICS
         .requests
         .with_label_values(&["-", "-", protocol, &code.status().to_string()])
@@ -133,6 +97,7 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
     let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
     let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
+    let failed = result.is_err();
     let join = match result {
         Ok(mut state) => state.join_handle.take(),
         Err(mut e) => {
@@ -146,6 +111,18 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     };
     if let Some(j) = join {
         let _ = j.await;
+    }
+    if failed && session.response_written().is_some() {
+        // The node failed after the response began: nothing can be retried, so end the
+        // stream with an error the client's SDK understands.
+        let err = d.state.lock().error.clone().unwrap_or_default();
+        d.state.lock().broken = true;
+        if d.stream {
+            let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
+            let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
     }
     if session.response_written().is_none() {
         let (unreachable, err) = {

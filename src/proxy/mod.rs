@@ -10,6 +10,7 @@ mod dispatch;
 mod handle;
 pub mod intake;
 mod local;
+mod place;
 mod respond;
 
 use std::sync::Arc;
@@ -37,6 +38,7 @@ pub const FALLBACK_HEADER: &str = "x-fleet-fallback";
 pub const RETRIES_HEADER: &str = "x-fleet-retries";
 pub const SCORE_HEADER: &str = "x-fleet-score";
 pub const AFFINITY_HEADER: &str = "x-fleet-affinity";
+pub const QUEUE_WAIT_HEADER: &str = "x-fleet-queue-wait-ms";
 
 pub struct Gateway {
     fleet: Arc<Fleet>,
@@ -199,6 +201,7 @@ impl ProxyHttp for Gateway {
         resp.insert_header(FALLBACK_HEADER, if c.fallback { "true" } else { "false" })?;
         resp.insert_header(RETRIES_HEADER, retries.to_string())?;
         resp.insert_header(SCORE_HEADER, format!("{:.1}", c.score))?;
+        resp.insert_header(QUEUE_WAIT_HEADER, d.queue_wait.as_millis().to_string())?;
         if let Some(kind) = affinity_label(d.affinity) {
             resp.insert_header(AFFINITY_HEADER, kind)?;
         }
