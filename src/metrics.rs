@@ -25,6 +25,8 @@ pub const HOLDING_OUTCOMES_TOTAL: &str = "fleetgate_queue_holding_outcomes_total
 pub const PREWARMS_TOTAL: &str = "fleetgate_queue_prewarms_total";
 pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
 pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
+pub const ELIMINATIONS_TOTAL: &str = "fleetgate_routing_eliminations_total";
+pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -52,6 +54,8 @@ pub struct Metrics {
     pub prewarms: IntCounterVec,
     pub rebalance_moves: IntCounterVec,
     pub pulls: IntCounterVec,
+    pub eliminations: IntCounterVec,
+    pub decisions: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -143,6 +147,17 @@ fn build() -> Result<Metrics, prometheus::Error> {
             opts!(PULLS_TOTAL, "Auto-pulls by outcome"),
             &["node", "outcome"],
         )?,
+        eliminations: IntCounterVec::new(
+            opts!(ELIMINATIONS_TOTAL, "Stage 1 eliminations of (node, model) pairs by reason"),
+            &["reason"],
+        )?,
+        decisions: IntCounterVec::new(
+            opts!(
+                DECISIONS_TOTAL,
+                "Routed requests by kind: direct, fallback, pin, cold_load, affinity_matched/spilled/new"
+            ),
+            &["kind"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -161,6 +176,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.prewarms.clone()))?;
     m.registry.register(Box::new(m.rebalance_moves.clone()))?;
     m.registry.register(Box::new(m.pulls.clone()))?;
+    m.registry.register(Box::new(m.eliminations.clone()))?;
+    m.registry.register(Box::new(m.decisions.clone()))?;
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);
@@ -175,4 +192,54 @@ pub fn encode() -> String {
     let mut buf = Vec::new();
     let _ = TextEncoder::new().encode(&METRICS.registry.gather(), &mut buf);
     String::from_utf8(buf).unwrap_or_default()
+}
+
+/// Count one decision: eliminations by reason (tallied first: one increment per reason) and
+/// the kinds of the routed outcome.
+pub fn record_decision(d: &crate::routing::Decision, pinned: bool) {
+    use crate::routing::{AffinityKind, Reason, Verdict};
+    let mut tally = [0u64; Reason::ALL.len()];
+    for row in &d.table {
+        if let Verdict::Eliminated { reason } = row.verdict {
+            tally[reason as usize] += 1;
+        }
+    }
+    for (reason, n) in Reason::ALL.iter().zip(tally) {
+        if n > 0 {
+            METRICS
+                .eliminations
+                .with_label_values(&[reason.as_str()])
+                .inc_by(n);
+        }
+    }
+    let Some(w) = d.winner() else { return };
+    let mut kinds = Vec::with_capacity(3);
+    kinds.push(if w.fallback { "fallback" } else { "direct" });
+    if w.cold {
+        kinds.push("cold_load");
+    }
+    if pinned {
+        kinds.push("pin");
+    }
+    match d.affinity {
+        AffinityKind::Matched => kinds.push("affinity_matched"),
+        AffinityKind::Spilled => kinds.push("affinity_spilled"),
+        AffinityKind::New => kinds.push("affinity_new"),
+        AffinityKind::None => {}
+    }
+    for k in kinds {
+        METRICS.decisions.with_label_values(&[k]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::routing::Reason;
+
+    #[test]
+    fn reason_table_matches_discriminants() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{}", r.as_str());
+        }
+    }
 }

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use pingora::Result;
+use pingora_core::protocols::http::HttpTask;
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
@@ -98,19 +99,24 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
     let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
     let failed = result.is_err();
-    let join = match result {
-        Ok(mut state) => state.join_handle.take(),
-        Err(mut e) => {
-            let mut st = d.state.lock();
-            if st.error.is_none() {
-                st.error = Some(e.error.to_string());
+    match result {
+        Ok(mut state) => {
+            if let Some(j) = state.join_handle.take() {
+                let _ = j.await;
             }
-            drop(st);
-            e.state.join_handle.take()
         }
-    };
-    if let Some(j) = join {
-        let _ = j.await;
+        Err(mut e) => {
+            {
+                let mut st = d.state.lock();
+                if st.error.is_none() {
+                    st.error = Some(e.error.to_string());
+                }
+            }
+            // The failure can overtake response parts the node did send: forward those first.
+            if let Some(rx) = e.state.pipe_rx.take() {
+                forward_leftovers(session, rx).await;
+            }
+        }
     }
     if failed && session.response_written().is_some() {
         // The node failed after the response began: nothing can be retried, so end the
@@ -147,6 +153,30 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         return respond::error(session, d.endpoint.family(), code, &msg).await;
     }
     Ok(())
+}
+
+/// Write the response header and body parts still in the pipe after a subrequest failed.
+async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
+    let mut tasks = Vec::new();
+    let drain = async {
+        while let Some(t) = rx.recv().await {
+            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
+                tasks.push(t);
+            }
+        }
+    };
+    // The subrequest reports its failure last, so the pipe closes right after.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+    let tasks: Vec<HttpTask> = tasks
+        .into_iter()
+        .map(|t| match t {
+            HttpTask::Body(b, _) => HttpTask::Body(b, false),
+            t => t,
+        })
+        .collect();
+    if !tasks.is_empty() {
+        let _ = session.write_response_tasks(tasks).await;
+    }
 }
 
 /// Count the outcome of a proxied request and release its seat.

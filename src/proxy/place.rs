@@ -134,6 +134,7 @@ pub async fn place(
         let changed = fleet.changed.notified();
         let decision = decide(fleet, req);
         if let Some(w) = decision.winner().cloned() {
+            crate::metrics::record_decision(&decision, req.pin.is_some());
             if board.is_some() {
                 METRICS.holding.with_label_values(&["served"]).inc();
             }
@@ -173,6 +174,9 @@ pub async fn place(
                 affinity: decision.affinity,
                 queue_wait,
             }));
+        }
+        if board.is_none() {
+            crate::metrics::record_decision(&decision, req.pin.is_some());
         }
         let no_route = decision.no_route.unwrap_or(NoRoute::NoProvider);
         let pulling = no_route == NoRoute::ModelNotFound
