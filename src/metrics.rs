@@ -17,6 +17,15 @@ pub const NODE_UP: &str = "fleetgate_fleet_node_up";
 pub const MODEL_LOADED: &str = "fleetgate_fleet_model_loaded";
 pub const RETRIES_TOTAL: &str = "fleetgate_proxy_retries_total";
 pub const BUILD_INFO: &str = "fleetgate_build_info";
+pub const NODE_WARMUP: &str = "fleetgate_fleet_node_warmup";
+pub const NODE_DRAINING: &str = "fleetgate_fleet_node_draining";
+pub const NODE_PAUSED: &str = "fleetgate_fleet_node_paused";
+pub const NODE_AVAILABILITY: &str = "fleetgate_fleet_node_availability_ratio";
+pub const BREAKER_STATE: &str = "fleetgate_fleet_breaker_state";
+pub const BREAKER_TRANSITIONS_TOTAL: &str = "fleetgate_fleet_breaker_transitions_total";
+pub const HEARTBEATS_TOTAL: &str = "fleetgate_admin_heartbeats_total";
+pub const OUTPUT_TPS: &str = "fleetgate_fleet_output_tokens_per_second";
+pub const CHARS_PER_TOKEN: &str = "fleetgate_fleet_chars_per_token_ratio";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -36,6 +45,15 @@ pub struct Metrics {
     pub model_loaded: IntGaugeVec,
     pub retries: IntCounterVec,
     pub build_info: GaugeVec,
+    pub node_warmup: IntGaugeVec,
+    pub node_draining: IntGaugeVec,
+    pub node_paused: IntGaugeVec,
+    pub node_availability: GaugeVec,
+    pub breaker_state: IntGaugeVec,
+    pub breaker_transitions: IntCounterVec,
+    pub heartbeats: IntCounterVec,
+    pub output_tps: GaugeVec,
+    pub chars_per_token: GaugeVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -82,6 +100,51 @@ fn build() -> Result<Metrics, prometheus::Error> {
             &["node"],
         )?,
         build_info: GaugeVec::new(opts!(BUILD_INFO, "Build information"), &["version"])?,
+        node_warmup: IntGaugeVec::new(
+            opts!(NODE_WARMUP, "1 while the node is in warmup after a reconnect"),
+            &["node"],
+        )?,
+        node_draining: IntGaugeVec::new(
+            opts!(NODE_DRAINING, "1 while the node is draining (admin or agent)"),
+            &["node"],
+        )?,
+        node_paused: IntGaugeVec::new(
+            opts!(NODE_PAUSED, "1 while the node is paused by an operator"),
+            &["node"],
+        )?,
+        node_availability: GaugeVec::new(
+            opts!(
+                NODE_AVAILABILITY,
+                "Capacity learner's availability score 0..1 (learning nodes)"
+            ),
+            &["node"],
+        )?,
+        breaker_state: IntGaugeVec::new(
+            opts!(
+                BREAKER_STATE,
+                "Circuit breaker per node (model=\"-\") and node:model: 0 closed, 1 open, 2 half-open"
+            ),
+            nm,
+        )?,
+        breaker_transitions: IntCounterVec::new(
+            opts!(BREAKER_TRANSITIONS_TOTAL, "Circuit breaker state changes"),
+            &["node", "model", "to"],
+        )?,
+        heartbeats: IntCounterVec::new(
+            opts!(
+                HEARTBEATS_TOTAL,
+                "Agent heartbeats by node (\"-\" when rejected) and result"
+            ),
+            &["node", "result"],
+        )?,
+        output_tps: GaugeVec::new(
+            opts!(OUTPUT_TPS, "Observed output tokens per second (EWMA) per node:model"),
+            nm,
+        )?,
+        chars_per_token: GaugeVec::new(
+            opts!(CHARS_PER_TOKEN, "Calibrated prompt characters per token per model"),
+            &["model"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -92,6 +155,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.model_loaded.clone()))?;
     m.registry.register(Box::new(m.retries.clone()))?;
     m.registry.register(Box::new(m.build_info.clone()))?;
+    m.registry.register(Box::new(m.node_warmup.clone()))?;
+    m.registry.register(Box::new(m.node_draining.clone()))?;
+    m.registry.register(Box::new(m.node_paused.clone()))?;
+    m.registry.register(Box::new(m.node_availability.clone()))?;
+    m.registry.register(Box::new(m.breaker_state.clone()))?;
+    m.registry
+        .register(Box::new(m.breaker_transitions.clone()))?;
+    m.registry.register(Box::new(m.heartbeats.clone()))?;
+    m.registry.register(Box::new(m.output_tps.clone()))?;
+    m.registry.register(Box::new(m.chars_per_token.clone()))?;
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);

@@ -13,7 +13,9 @@ use crate::admin::AdminService;
 use crate::config::{Backend, Config};
 use crate::fleet::Fleet;
 use crate::proxy::Gateway;
+use crate::services::clock::FleetClock;
 use crate::services::health::HealthPoller;
+use crate::services::learning::LearnerSaver;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -45,6 +47,11 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
     let config = Arc::new(config);
     start_sim_nodes(&config)?;
     let fleet = Fleet::new(config.clone());
+    match fleet.load_learners() {
+        Ok(0) => {}
+        Ok(n) => log::info!("capacity learner: restored {n} node(s)"),
+        Err(e) => log::warn!("capacity learner: starting fresh: {e}"),
+    }
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -74,6 +81,16 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         "health poller",
         HealthPoller::new(fleet.clone()),
     ));
+    server.add_service(background_service(
+        "fleet clock",
+        FleetClock::new(fleet.clone()),
+    ));
+    if let Some(dir) = config.learning.state_dir.clone() {
+        server.add_service(background_service(
+            "capacity learner",
+            LearnerSaver::new(fleet.clone(), dir),
+        ));
+    }
 
     let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
         addr: config.admin_listen.to_string(),

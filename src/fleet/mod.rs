@@ -1,8 +1,16 @@
 //! Node registry and live state: a `FleetView` snapshot published with ArcSwap, per node and
-//! node:model counters (atomics), latency windows, leases.
+//! node:model counters (atomics), latency windows, leases, breakers, heartbeats, admin
+//! controls and capacity learning. Nodes are only ever added (registration), so an index into
+//! the fleet stays valid for the life of the process.
 
+mod breaker;
+mod calibrate;
 mod counters;
+mod heartbeat;
+mod learning;
 mod live;
+mod presence;
+mod state;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -11,11 +19,18 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
+pub use breaker::{Breaker, BreakerPolicy, BreakerState, Outcome};
+pub use calibrate::Calibration;
 pub use counters::{Lease, ModelCounters};
+pub use heartbeat::{AgentState, BackendReport, Heartbeat};
+pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
+pub use presence::{effective_health, AdminControl, HealthInputs};
+pub use state::Control;
 
 use crate::config::{Config, NodeConfig};
 use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView};
+use crate::services::now_ms;
 
 /// Live state of one node.
 #[derive(Debug, Default)]
@@ -23,6 +38,11 @@ pub struct NodeState {
     pub in_flight: Arc<AtomicU32>,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
     pub live: Mutex<NodeLive>,
+    pub agent: Mutex<AgentState>,
+    pub breaker: Mutex<Breaker>,
+    pub control: Mutex<AdminControl>,
+    /// Some on nodes with `learning: true`.
+    pub learner: Mutex<Option<Learner>>,
 }
 
 impl NodeState {
@@ -55,35 +75,77 @@ impl NodeState {
     }
 }
 
-/// The fleet: static node config, live state per node, and the current routing snapshot.
+/// The fleet: node config, live state per node, and the current routing snapshot.
 pub struct Fleet {
     pub config: Arc<Config>,
-    nodes: Vec<NodeState>,
+    configs: ArcSwap<Vec<Arc<NodeConfig>>>,
+    nodes: ArcSwap<Vec<Arc<NodeState>>>,
+    /// Serialises registrations (the only writer of `configs`/`nodes`).
+    registering: Mutex<()>,
     view: ArcSwap<FleetView>,
+    /// Per-model chars-per-token, from the `usage` nodes report.
+    pub calibration: Calibration,
 }
 
 impl Fleet {
     pub fn new(config: Arc<Config>) -> Arc<Fleet> {
-        let nodes = config.nodes.iter().map(|_| NodeState::default()).collect();
+        let configs: Vec<_> = config.nodes.iter().cloned().map(Arc::new).collect();
+        let nodes = configs.iter().map(|c| Arc::new(new_state(c))).collect();
         let fleet = Fleet {
             config,
-            nodes,
+            configs: ArcSwap::from_pointee(configs),
+            nodes: ArcSwap::from_pointee(nodes),
+            registering: Mutex::new(()),
             view: ArcSwap::from_pointee(FleetView::default()),
+            calibration: Calibration::default(),
         };
         fleet.publish();
         Arc::new(fleet)
     }
 
-    pub fn nodes(&self) -> &[NodeState] {
-        &self.nodes
+    /// Every node's live state, by index (same order as the view).
+    pub fn nodes(&self) -> Arc<Vec<Arc<NodeState>>> {
+        self.nodes.load_full()
     }
 
-    pub fn node_config(&self, idx: usize) -> &NodeConfig {
-        &self.config.nodes[idx]
+    /// Node `idx`'s live state. Indices come from a published view: always valid.
+    pub fn node(&self, idx: usize) -> Arc<NodeState> {
+        self.nodes.load()[idx].clone()
+    }
+
+    pub fn node_config(&self, idx: usize) -> Arc<NodeConfig> {
+        self.configs.load()[idx].clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.configs.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.config.nodes.iter().position(|n| n.id == id)
+        self.configs.load().iter().position(|n| n.id == id)
+    }
+
+    /// Add a node (a heartbeat from an unknown node with registration on); returns its index.
+    /// An id that is already known returns the existing index.
+    pub fn register(&self, cfg: NodeConfig) -> usize {
+        let _guard = self.registering.lock();
+        if let Some(i) = self.index_of(&cfg.id) {
+            return i;
+        }
+        let cfg = Arc::new(cfg);
+        let mut nodes = Vec::clone(&self.nodes.load());
+        nodes.push(Arc::new(new_state(&cfg)));
+        let mut configs = Vec::clone(&self.configs.load());
+        configs.push(cfg);
+        // Nodes first: a reader that sees the new config always finds its state.
+        self.nodes.store(Arc::new(nodes));
+        self.configs.store(Arc::new(configs));
+        self.publish();
+        self.len() - 1
     }
 
     /// The current routing snapshot.
@@ -91,17 +153,32 @@ impl Fleet {
         self.view.load_full()
     }
 
-    /// Take a seat on node:model; released when the lease drops.
+    /// Take a seat on node:model; released when the lease drops. A dispatch to a half-open
+    /// breaker makes it the one trial request.
     pub fn lease(&self, idx: usize, model: &str) -> Lease {
-        Lease::new(&self.nodes[idx], idx, self.nodes[idx].counters(model))
+        let node = self.node(idx);
+        let counters = node.counters(model);
+        let now = now_ms();
+        let trial = node.breaker.lock().on_dispatch(now) | counters.breaker.lock().on_dispatch(now);
+        let lease = Lease::new(&node, idx, counters);
+        if trial {
+            self.publish();
+        }
+        lease
     }
 
     /// Apply one poll result for node `idx`; returns true when routing-relevant state changed.
     pub fn apply_poll(&self, idx: usize, report: PollReport, failures_before_offline: u32) -> bool {
-        let changed = self.nodes[idx]
-            .live
-            .lock()
-            .apply(report, failures_before_offline);
+        let node = self.node(idx);
+        if let PollReport::Ok { models, .. } = &report {
+            for m in models {
+                if m.running.is_some() || m.waiting.is_some() {
+                    node.counters(&m.name)
+                        .set_reported(m.running.unwrap_or(0), m.waiting.unwrap_or(0));
+                }
+            }
+        }
+        let changed = node.live.lock().apply(report, failures_before_offline);
         if changed {
             self.publish();
         }
@@ -110,19 +187,96 @@ impl Fleet {
 
     /// Rebuild the routing snapshot from config + live state.
     pub fn publish(&self) {
-        let nodes = self
-            .config
-            .nodes
+        self.view.store(Arc::new(self.build_view(now_ms())));
+    }
+
+    fn build_view(&self, now: u64) -> FleetView {
+        let params = self.view_params();
+        let configs = self.configs.load();
+        let nodes = self.nodes.load();
+        let nodes = configs
             .iter()
-            .zip(&self.nodes)
-            .map(|(cfg, st)| node_view(cfg, &st.live.lock()))
+            .zip(nodes.iter())
+            .map(|(cfg, st)| node_view(cfg, st, now, &params))
             .collect();
-        self.view.store(Arc::new(FleetView { nodes }));
+        FleetView { nodes }
+    }
+
+    fn view_params(&self) -> ViewParams {
+        ViewParams {
+            warmup_ms: self.config.health.warmup.as_millis() as u64,
+            miss_ms: self.config.health.heartbeat_miss.as_millis() as u64,
+        }
+    }
+
+    /// Republish when time alone changed what routing sees (warmup over, heartbeat missed,
+    /// breaker cooldown over). Returns true when it did.
+    pub fn tick(&self, now: u64) -> bool {
+        let fresh = self.build_view(now);
+        let old = self.view.load();
+        if state::signature(&fresh) == state::signature(&old) {
+            return false;
+        }
+        self.view.store(Arc::new(fresh));
+        true
     }
 }
 
-/// Merge static facts with what the backend last reported.
-fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
+/// The live state a node starts with (a learner when learning is on).
+fn new_state(cfg: &NodeConfig) -> NodeState {
+    let st = NodeState::default();
+    if cfg.learning {
+        *st.learner.lock() = Some(Learner::default());
+    }
+    st
+}
+
+struct ViewParams {
+    warmup_ms: u64,
+    miss_ms: u64,
+}
+
+/// Merge static facts with what the backend last reported, the agent's last heartbeat, the
+/// breakers, the admin controls and the learner, as of `now`.
+fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewParams) -> NodeView {
+    let live = st.live.lock();
+    let mut view = models_view(cfg, &live);
+    let agent = st.agent.lock();
+    let inputs = HealthInputs {
+        poll_offline: live.health == Health::Offline,
+        poll_back_since_ms: live.back_since_ms,
+        heartbeat_missed: agent.missed(now, p.miss_ms),
+        heartbeat_back_since_ms: agent.back_since_ms,
+        agent_draining: agent.fresh(now, p.miss_ms).is_some_and(|h| h.draining),
+        admin: *st.control.lock(),
+    };
+    view.health = effective_health(&inputs, now, p.warmup_ms);
+    view.breaker_open = !st.breaker.lock().admits(now);
+    for m in &mut view.models {
+        m.breaker_open = st
+            .peek(&m.name)
+            .is_some_and(|c| !c.breaker.lock().admits(now));
+    }
+    if let Some(hb) = agent.fresh(now, p.miss_ms) {
+        view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
+        view.pressure = hb.pressure;
+        view.thermal_throttled = hb.thermal_throttled;
+        view.bandwidth_gbps = view.bandwidth_gbps.or(hb.bandwidth_gbps);
+        if view.memory_gb <= 0.0 {
+            view.memory_gb = hb.total_memory_gb.unwrap_or(0.0);
+        }
+    }
+    view.learning = cfg.learning.then(|| {
+        st.learner
+            .lock()
+            .as_ref()
+            .map_or_else(|| Learner::default().output(now), |l| l.output(now))
+    });
+    view
+}
+
+/// The model list and static facts (config + last poll).
+fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
     let mut models: Vec<ModelView> = Vec::new();
     let cap = |ctx: u32| cfg.max_context.map_or(ctx, |m| m.min(ctx));
     // Static facts: the sim block and the `models:` list.
@@ -205,21 +359,16 @@ fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
 impl Loads for Fleet {
     fn node_in_flight(&self, node: usize) -> u32 {
         self.nodes
+            .load()
             .get(node)
             .map_or(0, |n| n.in_flight.load(Ordering::Relaxed))
     }
 
     fn model(&self, node: usize, model: &str) -> ModelLoad {
         self.nodes
+            .load()
             .get(node)
             .and_then(|n| n.peek(model))
             .map_or_else(ModelLoad::default, |c| c.load())
-    }
-}
-
-impl Fleet {
-    /// True when the node answered its last poll(s).
-    pub fn is_up(&self, idx: usize) -> bool {
-        self.nodes[idx].live.lock().health != Health::Offline
     }
 }

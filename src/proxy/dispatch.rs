@@ -20,6 +20,9 @@ pub struct Dispatch {
     pub body: Bytes,
     pub started: Instant,
     pub max_retries: u32,
+    /// Prompt text characters and fixed (per-message/image) tokens, for calibration.
+    pub prompt_chars: usize,
+    pub prompt_fixed_tokens: u32,
     pub state: Mutex<Attempts>,
 }
 
@@ -40,6 +43,12 @@ pub struct Attempts {
     pub unreachable: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
+    /// Status the node answered with (the gateway's own error statuses are not in it).
+    pub upstream_status: Option<u16>,
+    /// The node broke off or timed out (not a client disconnect).
+    pub upstream_error: bool,
+    /// Token counting and `usage` of the response body.
+    pub observer: super::observe::StreamObserver,
 }
 
 impl Dispatch {

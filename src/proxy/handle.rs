@@ -39,7 +39,11 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
         Ok(p) => p,
         Err(e) => return fail(session, ep, ErrorCode::InvalidRequest, &e.message).await,
     };
-    let req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
+    let mut req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
+    let cpt = fleet
+        .calibration
+        .chars_per_token(&req.models[0], fleet.config.routing.chars_per_token);
+    req.prompt_tokens = parsed.estimated_prompt_tokens(cpt);
     let view = fleet.view();
     let decision = routing::decide(
         &req,
@@ -91,6 +95,8 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
         body,
         started: Instant::now(),
         max_retries: fleet.config.routing.retries,
+        prompt_chars: parsed.prompt_chars,
+        prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
         state: Mutex::new(Attempts {
             lease: Some(lease),
             ..Attempts::default()
@@ -99,6 +105,7 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     let _ = family;
     proxy_via_subrequest(session, &dispatch).await?;
     record(&dispatch);
+    super::outcome::account(fleet, &dispatch);
     Ok(())
 }
 

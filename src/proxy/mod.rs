@@ -10,6 +10,8 @@ mod dispatch;
 mod handle;
 pub mod intake;
 mod local;
+mod observe;
+mod outcome;
 mod respond;
 
 use std::sync::Arc;
@@ -131,6 +133,13 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         let Some(d) = &ctx.dispatch else { return e };
         let failed = d.choice().node_id.clone();
+        let failed_idx = d.choice().node;
+        self.fleet.record_outcome(
+            failed_idx,
+            None,
+            crate::fleet::Outcome::Fault,
+            crate::services::now_ms(),
+        );
         d.state.lock().error = Some(format!(
             "cannot connect to node {failed} ({})",
             e.etype().as_str()
@@ -179,6 +188,7 @@ impl ProxyHttp for Gateway {
         let retries = {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
+            st.upstream_status = Some(resp.status.as_u16());
             st.retries
         };
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
@@ -203,6 +213,7 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.observer.feed(b);
         }
         Ok(None)
     }
@@ -216,6 +227,7 @@ impl ProxyHttp for Gateway {
         // The client-facing request writes the native error (or ends the stream) itself.
         if let Some(d) = &ctx.dispatch {
             let mut st = d.state.lock();
+            st.upstream_error |= *e.esource() == pingora::ErrorSource::Upstream;
             if st.error.is_none() || st.status.is_some() {
                 st.error = Some(e.to_string());
             }

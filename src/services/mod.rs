@@ -1,6 +1,9 @@
-//! Background services: node health/state polling (more land with later stages).
+//! Background services: node health/state polling, the fleet clock (time-driven state),
+//! capacity-learner persistence.
 
+pub mod clock;
 pub mod health;
+pub mod learning;
 
 /// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.
 pub fn now_ms() -> u64 {
