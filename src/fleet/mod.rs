@@ -13,7 +13,7 @@ mod presence;
 mod state;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -83,6 +83,9 @@ pub struct Fleet {
     /// Serialises registrations (the only writer of `configs`/`nodes`).
     registering: Mutex<()>,
     view: ArcSwap<FleetView>,
+    /// When time alone next changes the view (a warmup or cooldown ends, a heartbeat goes
+    /// stale), ms; `view()` republishes once it has passed.
+    next_due_ms: AtomicU64,
     /// Per-model chars-per-token, from the `usage` nodes report.
     pub calibration: Calibration,
 }
@@ -97,6 +100,7 @@ impl Fleet {
             nodes: ArcSwap::from_pointee(nodes),
             registering: Mutex::new(()),
             view: ArcSwap::from_pointee(FleetView::default()),
+            next_due_ms: AtomicU64::new(u64::MAX),
             calibration: Calibration::default(),
         };
         fleet.publish();
@@ -150,6 +154,10 @@ impl Fleet {
 
     /// The current routing snapshot.
     pub fn view(&self) -> Arc<FleetView> {
+        let now = now_ms();
+        if now >= self.next_due_ms.load(Ordering::Relaxed) {
+            self.view.store(Arc::new(self.build_view(now)));
+        }
         self.view.load_full()
     }
 
@@ -190,15 +198,21 @@ impl Fleet {
         self.view.store(Arc::new(self.build_view(now_ms())));
     }
 
+    /// The view as of `now`; also records when time alone will next change it.
     fn build_view(&self, now: u64) -> FleetView {
         let params = self.view_params();
         let configs = self.configs.load();
         let nodes = self.nodes.load();
+        let mut due = u64::MAX;
         let nodes = configs
             .iter()
             .zip(nodes.iter())
-            .map(|(cfg, st)| node_view(cfg, st, now, &params))
+            .map(|(cfg, st)| {
+                due = due.min(next_due(st, now, &params).unwrap_or(u64::MAX));
+                node_view(cfg, st, now, &params)
+            })
             .collect();
+        self.next_due_ms.store(due, Ordering::Relaxed);
         FleetView { nodes }
     }
 
@@ -234,6 +248,22 @@ fn new_state(cfg: &NodeConfig) -> NodeState {
 struct ViewParams {
     warmup_ms: u64,
     miss_ms: u64,
+}
+
+/// The earliest future moment at which time alone changes this node's view.
+fn next_due(st: &NodeState, now: u64, p: &ViewParams) -> Option<u64> {
+    let live_back = st.live.lock().back_since_ms;
+    let agent = st.agent.lock();
+    let mut times = vec![
+        live_back.map(|t| t + p.warmup_ms),
+        agent.back_since_ms.map(|t| t + p.warmup_ms),
+        agent.last_ms.map(|t| t + p.miss_ms + 1),
+        st.breaker.lock().open_until_ms(),
+    ];
+    for (_, c) in st.all_counters() {
+        times.push(c.breaker.lock().open_until_ms());
+    }
+    times.into_iter().flatten().filter(|t| *t > now).min()
 }
 
 /// Merge static facts with what the backend last reported, the agent's last heartbeat, the
