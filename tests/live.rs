@@ -742,3 +742,58 @@ fn agent_binary_heartbeats_and_drains_on_sigterm() {
     });
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A minimal backend on 127.0.0.1 answering fixed bodies (vLLM / llama.cpp shapes).
+fn fake_backend(rt: &tokio::runtime::Runtime, routes: Vec<(&'static str, String)>) -> String {
+    let mut app = axum::Router::new();
+    for (path, body) in routes {
+        app = app.route(path, axum::routing::get(move || async move { body }));
+    }
+    let l = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    rt.spawn(async move { axum::serve(l, app).await });
+    format!("http://{addr}")
+}
+
+#[test]
+fn vllm_metrics_and_llamacpp_slots_are_polled() {
+    let rt = runtime();
+    let vllm = fake_backend(
+        &rt,
+        vec![
+            ("/v1/models", r#"{"object":"list","data":[{"id":"qwen","object":"model","max_model_len":32768}]}"#.into()),
+            ("/metrics", "vllm:num_requests_running{engine=\"0\",model_name=\"qwen\"} 3.0\nvllm:num_requests_waiting{engine=\"0\",model_name=\"qwen\"} 2.0\n".into()),
+        ],
+    );
+    let llama = fake_backend(
+        &rt,
+        vec![
+            ("/v1/models", r#"{"object":"list","data":[{"id":"gemma","meta":{"n_ctx_train":131072}}]}"#.into()),
+            ("/props", r#"{"default_generation_settings":{"n_ctx":8192},"total_slots":4}"#.into()),
+            ("/slots", r#"[{"id":0,"is_processing":true},{"id":1,"is_processing":false},{"id":2,"is_processing":false},{"id":3,"is_processing":false}]"#.into()),
+        ],
+    );
+    let gw = Gateway::start(&format!(
+        "fleet:\n  nodes:\n    - {{id: vl, url: \"{vllm}\", backend: vllm}}\n    - {{id: lc, url: \"{llama}\", backend: llamacpp}}\n"
+    ));
+    rt.block_on(async {
+        let v = node_status(&gw, "vl").await;
+        let q = model_of(&v, "qwen");
+        assert_eq!(
+            (q["in_flight"].as_u64(), q["pending"].as_u64()),
+            (Some(3), Some(2)),
+            "{v:#}"
+        );
+        assert_eq!(q["max_context"], 32768);
+        let l = node_status(&gw, "lc").await;
+        assert_eq!(l["seats"], 4, "{l:#}");
+        let g = model_of(&l, "gemma");
+        assert_eq!(g["in_flight"], 1);
+        assert_eq!(
+            g["max_context"], 8192,
+            "the context the server runs with: {l:#}"
+        );
+    });
+}
