@@ -16,6 +16,8 @@ use crate::proxy::Gateway;
 use crate::services::clock::FleetClock;
 use crate::services::health::HealthPoller;
 use crate::services::learning::LearnerSaver;
+use crate::services::prewarm::Prewarm;
+use crate::services::rebalance::Rebalance;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -91,6 +93,11 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
             LearnerSaver::new(fleet.clone(), dir),
         ));
     }
+    server.add_service(background_service("pre-warm", Prewarm::new(fleet.clone())));
+    server.add_service(background_service(
+        "rebalance",
+        Rebalance::new(fleet.clone()),
+    ));
 
     let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
         addr: config.admin_listen.to_string(),

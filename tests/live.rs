@@ -423,7 +423,7 @@ fn breaker_opens_after_n_faults_then_half_open_success_closes_it() {
     let rt = runtime();
     let a = sim(&rt, SIM);
     let gw = Gateway::start(&format!(
-        "breaker:\n  failure_threshold: 3\n  cooldown_s: 1\n{}",
+        "breaker:\n  failure_threshold: 3\n  cooldown_s: 2\nqueue:\n  holding_timeout_s: 1\n{}",
         fleet(&[node("br-a", &a, "")])
     ));
     let breaker = |n: &Value| {
@@ -441,14 +441,18 @@ fn breaker_opens_after_n_faults_then_half_open_success_closes_it() {
         assert_eq!(breaker(&n), "open", "{n:#}");
         let reached = served(&a);
         let t = Instant::now();
-        assert_eq!(ask(&gw, None).await.0, 503, "open breaker: not sent to the node");
+        assert_eq!(
+            ask(&gw, None).await.0,
+            503,
+            "open breaker: held (1 s), then 503, never sent to the node"
+        );
         assert_eq!(served(&a), reached);
         let m = client().get(gw.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
         assert!(m.contains("fleetgate_fleet_breaker_state{model=\"m:1b\",node=\"br-a\"} 1"), "{m}");
 
         a.control().set_fault(Fault::None);
         let n = wait_node(&gw, "br-a", Duration::from_secs(3), |n| breaker(n) == "half_open").await;
-        assert!(t.elapsed() >= Duration::from_millis(800), "cooldown respected: {n:#}");
+        assert!(t.elapsed() >= Duration::from_millis(1800), "cooldown respected: {n:#}");
         assert_eq!(ask(&gw, None).await, (200, "br-a".into()), "the half-open trial");
         let n = node_status(&gw, "br-a").await;
         assert_eq!(breaker(&n), "closed", "{n:#}");
@@ -474,7 +478,7 @@ fn broken_stream_counts_as_a_fault_and_4xx_does_not() {
         &format!("{SIM}  - {{name: e:1b, size_gb: 1, loaded: true, embedding: true}}\n"),
     );
     let gw = Gateway::start(&format!(
-        "breaker:\n  failure_threshold: 2\n  cooldown_s: 60\n{}",
+        "breaker:\n  failure_threshold: 2\n  cooldown_s: 60\nqueue:\n  holding_timeout_s: 1\n{}",
         fleet(&[node("bs-a", &a, "")])
     ));
     rt.block_on(async {
@@ -575,7 +579,7 @@ fn learned_baselines_survive_a_restart() {
     let dir = std::env::temp_dir().join(format!("fleetgate-live-learn-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let yaml = format!(
-        "  admin_token: {TOKEN}\nlearning:\n  state_dir: {}\n  save_interval_s: 1\n{}",
+        "  admin_token: {TOKEN}\nqueue:\n  holding_timeout_s: 1\nlearning:\n  state_dir: {}\n  save_interval_s: 1\n{}",
         dir.display(),
         fleet(&[node("lr-a", &a, "      learning: true\n")])
     );

@@ -2,6 +2,7 @@
 
 mod auth;
 mod control;
+pub mod explain;
 pub mod heartbeat;
 mod status;
 
@@ -42,6 +43,8 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/fleet/status", get(status))
         .merge(heartbeat::routes())
         .merge(control::routes())
+        .route("/fleet/queue", get(queue))
+        .merge(explain::routes())
         .with_state(fleet)
 }
 
@@ -58,6 +61,14 @@ async fn metrics(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
 
 async fn status(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
     Json(status::fleet_status(&fleet))
+}
+
+/// Every request waiting in this gateway: in the holding queue (`node: null`) or a node:model
+/// queue, oldest first.
+async fn queue(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
+    let mut waiting = fleet.board.snapshot();
+    waiting.sort_by_key(|w| std::cmp::Reverse(w.waited_ms));
+    Json(serde_json::json!({ "holding": fleet.board.holding(), "waiting": waiting }))
 }
 
 #[async_trait]

@@ -66,6 +66,7 @@ pub struct ModelStatus {
     pub max_context: u32,
     pub in_flight: u32,
     pub pending: u32,
+    pub seats: u32,
     pub p75_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub observed_tps: Option<f64>,
@@ -145,6 +146,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                             max_context: m.max_context,
                             in_flight: load.in_flight,
                             pending: load.pending,
+                            seats: c.seats(),
                             p75_ms: load.p75_ms,
                             ttft_ms: c.ttft_ms(),
                             observed_tps: load.observed_tps,
@@ -163,6 +165,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
 
 /// Set the state gauges from the live fleet (called before each scrape).
 pub fn refresh_gauges(fleet: &Fleet) {
+    METRICS.holding_depth.set(fleet.board.holding() as i64);
     let view = fleet.view();
     let now = now_ms();
     let states = fleet.nodes();
@@ -207,6 +210,10 @@ pub fn refresh_gauges(fleet: &Fleet) {
                 .in_flight
                 .with_label_values(&[id, &model])
                 .set(i64::from(c.in_flight.load(Ordering::Relaxed)));
+            METRICS
+                .pending
+                .with_label_values(&[id, &model])
+                .set(i64::from(c.pending.load(Ordering::Relaxed)));
             METRICS
                 .breaker_state
                 .with_label_values(&[id, &model])

@@ -63,7 +63,8 @@ impl NodeLive {
                         _ => None,
                     };
                 }
-                if self.health == Health::Offline {
+                // A comeback (not a first answer: a node that was never up is not reconnecting).
+                if self.health == Health::Offline && self.polled {
                     self.back_since_ms = Some(now_ms);
                 }
                 let changed = self.health != Health::Online
@@ -129,6 +130,15 @@ mod tests {
         assert!(l.apply(ok(5_000, true), 2));
         assert_eq!(l.health, Health::Online);
         assert_eq!(l.back_since_ms, Some(5_000));
+    }
+
+    #[test]
+    fn first_answer_after_failing_from_the_start_is_no_comeback() {
+        let mut l = NodeLive::default();
+        l.apply(failed(), 1);
+        assert_eq!(l.health, Health::Offline);
+        l.apply(ok(7, true), 1);
+        assert_eq!((l.health, l.back_since_ms), (Health::Online, None));
     }
 
     #[test]

@@ -19,9 +19,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
+pub use crate::queue::Lease;
 pub use breaker::{Breaker, BreakerPolicy, BreakerState, Outcome};
 pub use calibrate::Calibration;
-pub use counters::{Lease, ModelCounters};
+pub use counters::ModelCounters;
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
@@ -35,7 +36,9 @@ use crate::services::now_ms;
 /// Live state of one node.
 #[derive(Debug, Default)]
 pub struct NodeState {
-    pub in_flight: Arc<AtomicU32>,
+    pub in_flight: AtomicU32,
+    /// Most requests in flight on the node across its models (spec 003 hard cap).
+    hard_cap: AtomicU32,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
     pub live: Mutex<NodeLive>,
     pub agent: Mutex<AgentState>,
@@ -56,6 +59,13 @@ impl NodeState {
             .entry(model.to_string())
             .or_default()
             .clone()
+    }
+
+    pub fn hard_cap(&self) -> u32 {
+        match self.hard_cap.load(Ordering::Relaxed) {
+            0 => u32::MAX,
+            n => n,
+        }
     }
 
     fn peek(&self, model: &str) -> Option<Arc<ModelCounters>> {
@@ -88,6 +98,12 @@ pub struct Fleet {
     next_due_ms: AtomicU64,
     /// Per-model chars-per-token, from the `usage` nodes report.
     pub calibration: Calibration,
+    /// Woken whenever the snapshot changes (the holding queue rescans then).
+    pub changed: tokio::sync::Notify,
+    /// Requests waiting in this gateway (node:model queues and the holding queue).
+    pub board: Arc<crate::queue::Board>,
+    /// Background actions in progress (pre-warm loads, pulls), one per key.
+    pub ops: crate::services::ops::Ops,
 }
 
 impl Fleet {
@@ -102,6 +118,9 @@ impl Fleet {
             view: ArcSwap::from_pointee(FleetView::default()),
             next_due_ms: AtomicU64::new(u64::MAX),
             calibration: Calibration::default(),
+            changed: tokio::sync::Notify::new(),
+            board: Arc::default(),
+            ops: Default::default(),
         };
         fleet.publish();
         Arc::new(fleet)
@@ -154,25 +173,36 @@ impl Fleet {
 
     /// The current routing snapshot.
     pub fn view(&self) -> Arc<FleetView> {
-        let now = now_ms();
-        if now >= self.next_due_ms.load(Ordering::Relaxed) {
-            self.view.store(Arc::new(self.build_view(now)));
+        if now_ms() >= self.next_due_ms.load(Ordering::Relaxed) {
+            self.publish();
         }
         self.view.load_full()
     }
 
-    /// Take a seat on node:model; released when the lease drops. A dispatch to a half-open
-    /// breaker makes it the one trial request.
+    /// Take a seat on node:model without queueing (failover); released when the lease drops.
     pub fn lease(&self, idx: usize, model: &str) -> Lease {
+        self.on_dispatch(idx, model);
         let node = self.node(idx);
-        let counters = node.counters(model);
+        Lease::force(idx, &node, node.counters(model))
+    }
+
+    /// Ask for a seat on node:model: at once or a place in its queue (Stage 3).
+    pub fn acquire(&self, idx: usize, model: &str) -> crate::queue::Acquire {
+        self.on_dispatch(idx, model);
+        crate::queue::acquire(idx, &self.node(idx), model)
+    }
+
+    /// A request is being sent to node:model: a half-open breaker makes it the one trial.
+    fn on_dispatch(&self, idx: usize, model: &str) {
+        let node = self.node(idx);
         let now = now_ms();
-        let trial = node.breaker.lock().on_dispatch(now) | counters.breaker.lock().on_dispatch(now);
-        let lease = Lease::new(&node, idx, counters);
-        if trial {
+        let node_trial = node.breaker.lock().on_dispatch(now);
+        let model_trial = node
+            .peek(model)
+            .is_some_and(|c| c.breaker.lock().on_dispatch(now));
+        if node_trial || model_trial {
             self.publish();
         }
-        lease
     }
 
     /// Apply one poll result for node `idx`; returns true when routing-relevant state changed.
@@ -195,7 +225,41 @@ impl Fleet {
 
     /// Rebuild the routing snapshot from config + live state.
     pub fn publish(&self) {
-        self.view.store(Arc::new(self.build_view(now_ms())));
+        self.store_view(self.build_view(now_ms()));
+    }
+
+    /// Make `view` current: seats follow it, waiters are woken.
+    fn store_view(&self, view: FleetView) {
+        let states = self.nodes.load();
+        for (idx, (v, st)) in view.nodes.iter().zip(states.iter()).enumerate() {
+            self.set_seats(idx, v, st);
+        }
+        self.view.store(Arc::new(view));
+        self.changed.notify_waiters();
+    }
+
+    /// Seats per node:model and the node's hard cap, from the new snapshot; frees waiters
+    /// when seats grew.
+    fn set_seats(&self, idx: usize, view: &NodeView, st: &Arc<NodeState>) {
+        let cfg = self.node_config(idx);
+        let known = cfg.seats.or(st.live.lock().seats);
+        let held: f64 = view
+            .models
+            .iter()
+            .filter(|m| m.loaded)
+            .map(|m| m.resident_gb.unwrap_or(m.size_gb))
+            .sum();
+        let available = view
+            .free_memory_gb
+            .or((view.memory_gb > 0.0).then_some(view.memory_gb - held));
+        st.hard_cap.store(view.hard_cap, Ordering::Relaxed);
+        for m in &view.models {
+            let model_gb = m.resident_gb.unwrap_or(m.size_gb);
+            let extra = if m.loaded { model_gb } else { 0.0 };
+            let seats = crate::queue::seats::derive(known, available.map(|a| a + extra), model_gb);
+            st.counters(&m.name).limit.store(seats, Ordering::Relaxed);
+        }
+        crate::queue::pump(idx, st);
     }
 
     /// The view as of `now`; also records when time alone will next change it.
@@ -231,7 +295,7 @@ impl Fleet {
         if state::signature(&fresh) == state::signature(&old) {
             return false;
         }
-        self.view.store(Arc::new(fresh));
+        self.store_view(fresh);
         true
     }
 }
@@ -317,6 +381,8 @@ fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
                 size_gb: m.size_gb,
                 max_context: cap(m.context),
                 on_disk: true,
+                loaded: m.loaded && !live.polled,
+                loaded_context: (m.loaded && !live.polled).then(|| cap(m.context)),
                 ..ModelView::default()
             });
         }
@@ -350,7 +416,7 @@ fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
                 None => {
                     models.push(ModelView {
                         name: lm.name.clone(),
-                        max_context: cap(lm.context.unwrap_or(8192)),
+                        max_context: lm.context.map_or(0, cap),
                         ..ModelView::default()
                     });
                     models.last_mut().expect("just pushed")
@@ -400,5 +466,12 @@ impl Loads for Fleet {
             .get(node)
             .and_then(|n| n.peek(model))
             .map_or_else(ModelLoad::default, |c| c.load())
+    }
+}
+
+impl Fleet {
+    /// True when the node answered its last poll(s).
+    pub fn is_up(&self, idx: usize) -> bool {
+        self.node(idx).live.lock().health != Health::Offline
     }
 }

@@ -5,17 +5,16 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use pingora::Result;
+use pingora_core::protocols::http::HttpTask;
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::dispatch::{Attempts, Dispatch};
-use super::{intake, local, respond};
+use super::{intake, local, place, respond};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::protocol::{self, Endpoint, ErrorCode, Family};
-use crate::routing::{self, NoRoute};
-use crate::services::now_ms;
+use crate::protocol::{self, Endpoint, ErrorCode};
 
 /// Serve one client request completely (the response is written when this returns Ok).
 pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result<()> {
@@ -27,82 +26,49 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     let Some(ep) = protocol::detect(&method, &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
-        record_local(family, "-", ErrorCode::InvalidRequest);
+        record_local("-", ErrorCode::InvalidRequest);
         return respond::error(session, family, ErrorCode::InvalidRequest, &msg).await;
     };
-    let family = ep.family();
     let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, ep, code, &msg).await,
     };
-    let parsed = match protocol::parse(ep, &body) {
-        Ok(p) => p,
-        Err(e) => return fail(session, ep, ErrorCode::InvalidRequest, &e.message).await,
+    let (parsed, mut req) = match intake::prepare(&fleet.config, ep, &body, session.req_header()) {
+        Ok(v) => v,
+        Err(msg) => return fail(session, ep, ErrorCode::InvalidRequest, &msg).await,
     };
-    let mut req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
+    // Prompt estimate with the chars-per-token calibrated from the nodes' `usage`.
     let cpt = fleet
         .calibration
         .chars_per_token(&req.models[0], fleet.config.routing.chars_per_token);
     req.prompt_tokens = parsed.estimated_prompt_tokens(cpt);
-    let view = fleet.view();
-    let decision = routing::decide(
-        &req,
-        &view,
-        &fleet.config.routing.policy,
-        fleet.as_ref(),
-        now_ms(),
-    );
-    let Some(winner) = decision.winner().cloned() else {
-        let (code, msg) = match decision.no_route.unwrap_or(NoRoute::NoProvider) {
-            NoRoute::ModelNotFound => (
-                ErrorCode::ModelNotFound,
-                format!("model '{}' not found on any node", parsed.model),
-            ),
-            NoRoute::ContextTooLong => (
-                ErrorCode::ContextLengthExceeded,
-                format!(
-                    "request needs about {} prompt tokens plus output; no node's context window for '{}' fits",
-                    req.prompt_tokens, req.models[0]
-                ),
-            ),
-            NoRoute::PinUnavailable => (
-                ErrorCode::NoProviderAvailable,
-                format!("pinned node '{}' cannot serve this request now", req.pin.clone().unwrap_or_default()),
-            ),
-            NoRoute::NoProvider => (
-                ErrorCode::NoProviderAvailable,
-                format!("no node can serve model '{}' right now", req.models[0]),
-            ),
-        };
-        return fail(session, ep, code, &msg).await;
+    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+        Ok(p) => p,
+        Err(unplaced) => return place::answer(session, ep, unplaced).await,
     };
-    let body = if winner.model != parsed.model {
-        protocol::rewrite_model(&body, &winner.model).unwrap_or(body)
+    let model = placement.ranked[0].model.clone();
+    let body = if model != parsed.model {
+        protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
         body
     };
-    let ranked: Vec<_> = decision
-        .ranked
-        .iter()
-        .filter(|c| c.model == winner.model)
-        .cloned()
-        .collect();
-    let lease = fleet.lease(winner.node, &winner.model);
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
         requested_model: parsed.model.clone(),
-        ranked,
+        affinity: placement.affinity,
+        ranked: placement.ranked,
         body,
         started: Instant::now(),
+        queue_wait: placement.queue_wait,
+        stream: parsed.stream,
         max_retries: fleet.config.routing.retries,
         prompt_chars: parsed.prompt_chars,
         prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
         state: Mutex::new(Attempts {
-            lease: Some(lease),
+            lease: Some(placement.lease),
             ..Attempts::default()
         }),
     });
-    let _ = family;
     proxy_via_subrequest(session, &dispatch).await?;
     record(&dispatch);
     super::outcome::account(fleet, &dispatch);
@@ -111,11 +77,11 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
 
 /// Answer with an error the gateway produced before any node was involved.
 async fn fail(session: &mut Session, ep: Endpoint, code: ErrorCode, msg: &str) -> Result<()> {
-    record_local(ep.family(), ep.label(), code);
+    record_local(ep.label(), code);
     respond::error(session, ep.family(), code, msg).await
 }
 
-fn record_local(_family: Family, protocol: &str, code: ErrorCode) {
+pub(super) fn record_local(protocol: &str, code: ErrorCode) {
     METRICS
         .requests
         .with_label_values(&["-", "-", protocol, &code.status().to_string()])
@@ -140,19 +106,37 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
     let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
     let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
-    let join = match result {
-        Ok(mut state) => state.join_handle.take(),
-        Err(mut e) => {
-            let mut st = d.state.lock();
-            if st.error.is_none() {
-                st.error = Some(e.error.to_string());
+    let failed = result.is_err();
+    match result {
+        Ok(mut state) => {
+            if let Some(j) = state.join_handle.take() {
+                let _ = j.await;
             }
-            drop(st);
-            e.state.join_handle.take()
         }
-    };
-    if let Some(j) = join {
-        let _ = j.await;
+        Err(mut e) => {
+            {
+                let mut st = d.state.lock();
+                if st.error.is_none() {
+                    st.error = Some(e.error.to_string());
+                }
+            }
+            // The failure can overtake response parts the node did send: forward those first.
+            if let Some(rx) = e.state.pipe_rx.take() {
+                forward_leftovers(session, rx).await;
+            }
+        }
+    }
+    if failed && session.response_written().is_some() {
+        // The node failed after the response began: nothing can be retried, so end the
+        // stream with an error the client's SDK understands.
+        let err = d.state.lock().error.clone().unwrap_or_default();
+        d.state.lock().broken = true;
+        if d.stream {
+            let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
+            let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
     }
     if session.response_written().is_none() {
         let (unreachable, err) = {
@@ -177,6 +161,30 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         return respond::error(session, d.endpoint.family(), code, &msg).await;
     }
     Ok(())
+}
+
+/// Write the response header and body parts still in the pipe after a subrequest failed.
+async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
+    let mut tasks = Vec::new();
+    let drain = async {
+        while let Some(t) = rx.recv().await {
+            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
+                tasks.push(t);
+            }
+        }
+    };
+    // The subrequest reports its failure last, so the pipe closes right after.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+    let tasks: Vec<HttpTask> = tasks
+        .into_iter()
+        .map(|t| match t {
+            HttpTask::Body(b, _) => HttpTask::Body(b, false),
+            t => t,
+        })
+        .collect();
+    if !tasks.is_empty() {
+        let _ = session.write_response_tasks(tasks).await;
+    }
 }
 
 /// Count the outcome of a proxied request and release its seat.

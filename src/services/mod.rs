@@ -1,9 +1,14 @@
 //! Background services: node health/state polling, the fleet clock (time-driven state),
-//! capacity-learner persistence.
+//! capacity-learner persistence, pre-warm, rebalance, auto-pull.
 
+pub mod autopull;
 pub mod clock;
 pub mod health;
 pub mod learning;
+pub mod node_api;
+pub mod ops;
+pub mod prewarm;
+pub mod rebalance;
 
 /// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.
 pub fn now_ms() -> u64 {
