@@ -17,6 +17,8 @@ pub const NODE_UP: &str = "fleetgate_fleet_node_up";
 pub const MODEL_LOADED: &str = "fleetgate_fleet_model_loaded";
 pub const RETRIES_TOTAL: &str = "fleetgate_proxy_retries_total";
 pub const BUILD_INFO: &str = "fleetgate_build_info";
+pub const ERRORS_TOTAL: &str = "fleetgate_proxy_errors_total";
+pub const ACCESS_LOG_DROPPED_TOTAL: &str = "fleetgate_access_log_dropped_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -36,6 +38,10 @@ pub struct Metrics {
     pub model_loaded: IntGaugeVec,
     pub retries: IntCounterVec,
     pub build_info: GaugeVec,
+    /// Errors the gateway answered itself, by protocol and stable code (`ErrorCode::as_str`).
+    pub errors: IntCounterVec,
+    /// Access-log lines not written: `full` (writer behind) or `write_error`.
+    pub access_log_dropped: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -82,6 +88,20 @@ fn build() -> Result<Metrics, prometheus::Error> {
             &["node"],
         )?,
         build_info: GaugeVec::new(opts!(BUILD_INFO, "Build information"), &["version"])?,
+        errors: IntCounterVec::new(
+            opts!(
+                ERRORS_TOTAL,
+                "Errors the gateway answered itself, by protocol and error code"
+            ),
+            &["protocol", "code"],
+        )?,
+        access_log_dropped: IntCounterVec::new(
+            opts!(
+                ACCESS_LOG_DROPPED_TOTAL,
+                "Access-log lines dropped: writer behind (full) or failed (write_error)"
+            ),
+            &["reason"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -92,6 +112,12 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.model_loaded.clone()))?;
     m.registry.register(Box::new(m.retries.clone()))?;
     m.registry.register(Box::new(m.build_info.clone()))?;
+    m.registry.register(Box::new(m.errors.clone()))?;
+    m.registry
+        .register(Box::new(m.access_log_dropped.clone()))?;
+    for reason in ["full", "write_error"] {
+        m.access_log_dropped.with_label_values(&[reason]);
+    }
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);
@@ -100,6 +126,14 @@ fn build() -> Result<Metrics, prometheus::Error> {
 
 /// The process-wide metrics. Construction only fails on a duplicate name: a broken invariant.
 pub static METRICS: Lazy<Metrics> = Lazy::new(|| build().expect("metric families are unique"));
+
+/// Create the zero-valued per-node series of counters that only move on trouble, so a
+/// dashboard shows 0 for every configured node rather than "No data".
+pub fn register_nodes<'a>(ids: impl IntoIterator<Item = &'a str>) {
+    for id in ids {
+        METRICS.retries.with_label_values(&[id]);
+    }
+}
 
 /// Prometheus text exposition of every family.
 pub fn encode() -> String {

@@ -12,6 +12,7 @@ use pingora_proxy::http_proxy_service_with_name;
 use crate::admin::AdminService;
 use crate::config::{Backend, Config};
 use crate::fleet::Fleet;
+use crate::proxy::access_log::AccessLog;
 use crate::proxy::Gateway;
 use crate::services::health::HealthPoller;
 
@@ -28,6 +29,8 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("access_log: {0}")]
+    AccessLog(std::io::Error),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -45,6 +48,9 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
     let config = Arc::new(config);
     start_sim_nodes(&config)?;
     let fleet = Fleet::new(config.clone());
+    let access_log =
+        AccessLog::open(config.access_log.target.as_ref()).map_err(StartError::AccessLog)?;
+    crate::metrics::register_nodes(config.nodes.iter().map(|n| n.id.as_str()));
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -64,7 +70,7 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
 
     let mut proxy = http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(fleet.clone()),
+        Gateway::new(fleet.clone(), access_log),
         "fleetgate",
     );
     proxy.add_tcp(&config.listen.to_string());

@@ -22,6 +22,17 @@ pub struct FileConfig {
     pub models: ModelsFile,
     #[serde(default)]
     pub fleet: FleetFile,
+    #[serde(default)]
+    pub access_log: AccessLogFile,
+}
+
+/// One JSON line per proxied request, written off the request path.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogFile {
+    pub enabled: bool,
+    /// File to append to; standard output when absent.
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -33,6 +33,19 @@ pub struct Config {
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
     pub nodes: Vec<NodeConfig>,
+    pub access_log: AccessLog,
+}
+
+/// Where the access log goes; `None`: no access log.
+#[derive(Debug, Clone, Default)]
+pub struct AccessLog {
+    pub target: Option<AccessLogTarget>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Stdout,
+    File(std::path::PathBuf),
 }
 
 #[derive(Debug, Clone)]
@@ -166,9 +179,20 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    if f.access_log.path.as_deref() == Some("") {
+        errors.push(
+            "field `access_log.path`: empty: expected a file path (or no path for stdout)".into(),
+        );
+    }
     if !errors.is_empty() {
         return Err(ConfigError(errors));
     }
+    let access_log = AccessLog {
+        target: f.access_log.enabled.then(|| match f.access_log.path {
+            Some(p) => AccessLogTarget::File(p.into()),
+            None => AccessLogTarget::Stdout,
+        }),
+    };
     Ok(Config {
         listen,
         admin_listen,
@@ -196,6 +220,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
         nodes,
+        access_log,
     })
 }
 

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::fleet::Lease;
-use crate::protocol::Endpoint;
+use crate::protocol::{Endpoint, ErrorCode};
 use crate::routing::Choice;
 
 /// What the client-facing request hands to its subrequest.
@@ -40,6 +40,8 @@ pub struct Attempts {
     pub unreachable: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
+    /// The error the gateway answered with after the upstream failed.
+    pub code: Option<ErrorCode>,
 }
 
 impl Dispatch {

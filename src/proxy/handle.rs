@@ -9,16 +9,22 @@ use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType}
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
+use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
 use super::{intake, local, respond};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::protocol::{self, Endpoint, ErrorCode, Family};
+use crate::protocol::{self, ErrorCode, Family};
 use crate::routing::{self, NoRoute};
 use crate::services::now_ms;
 
 /// Serve one client request completely (the response is written when this returns Ok).
-pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result<()> {
+pub async fn client_request(
+    fleet: &Arc<Fleet>,
+    log: &AccessLog,
+    session: &mut Session,
+) -> Result<()> {
+    let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
     if let Some(l) = protocol::detect_local(&method, &path) {
@@ -27,18 +33,31 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     let Some(ep) = protocol::detect(&method, &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
-        record_local(family, "-", ErrorCode::InvalidRequest);
-        return respond::error(session, family, ErrorCode::InvalidRequest, &msg).await;
+        return fail(
+            session,
+            log,
+            &arrival,
+            family,
+            ErrorCode::InvalidRequest,
+            &msg,
+        )
+        .await;
     };
     let family = ep.family();
+    arrival.protocol = ep.label();
     let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
         Ok(b) => b,
-        Err((code, msg)) => return fail(session, ep, code, &msg).await,
+        Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
+    arrival.bytes_in = body.len();
     let parsed = match protocol::parse(ep, &body) {
         Ok(p) => p,
-        Err(e) => return fail(session, ep, ErrorCode::InvalidRequest, &e.message).await,
+        Err(e) => {
+            let code = ErrorCode::InvalidRequest;
+            return fail(session, log, &arrival, family, code, &e.message).await;
+        }
     };
+    arrival.requested_model = parsed.model.clone();
     let req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
     let view = fleet.view();
     let decision = routing::decide(
@@ -70,7 +89,7 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
                 format!("no node can serve model '{}' right now", req.models[0]),
             ),
         };
-        return fail(session, ep, code, &msg).await;
+        return fail(session, log, &arrival, family, code, &msg).await;
     };
     let body = if winner.model != parsed.model {
         protocol::rewrite_model(&body, &winner.model).unwrap_or(body)
@@ -96,22 +115,35 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
             ..Attempts::default()
         }),
     });
-    let _ = family;
-    proxy_via_subrequest(session, &dispatch).await?;
-    record(&dispatch);
-    Ok(())
+    // Accounted even when the client went away mid-response: the node did the work.
+    let result = proxy_via_subrequest(session, &dispatch).await;
+    record(&dispatch, log, &arrival);
+    result
 }
 
 /// Answer with an error the gateway produced before any node was involved.
-async fn fail(session: &mut Session, ep: Endpoint, code: ErrorCode, msg: &str) -> Result<()> {
-    record_local(ep.family(), ep.label(), code);
-    respond::error(session, ep.family(), code, msg).await
+async fn fail(
+    session: &mut Session,
+    log: &AccessLog,
+    arrival: &Arrival,
+    family: Family,
+    code: ErrorCode,
+    msg: &str,
+) -> Result<()> {
+    let body = protocol::error_body(family, code, msg);
+    record_local(arrival.protocol, code);
+    log.write(&arrival.local(code, body.len()));
+    respond::json(session, code.status(), body, respond::retry_after(code)).await
 }
 
-fn record_local(_family: Family, protocol: &str, code: ErrorCode) {
+fn record_local(protocol: &str, code: ErrorCode) {
     METRICS
         .requests
         .with_label_values(&["-", "-", protocol, &code.status().to_string()])
+        .inc();
+    METRICS
+        .errors
+        .with_label_values(&[protocol, code.as_str()])
         .inc();
 }
 
@@ -166,14 +198,20 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
                 format!("node {} failed: {err}", d.choice().node_id),
             )
         };
-        d.state.lock().status = Some(code.status());
-        return respond::error(session, d.endpoint.family(), code, &msg).await;
+        let body = protocol::error_body(d.endpoint.family(), code, &msg);
+        {
+            let mut st = d.state.lock();
+            st.status = Some(code.status());
+            st.code = Some(code);
+            st.body_bytes = body.len();
+        }
+        return respond::json(session, code.status(), body, respond::retry_after(code)).await;
     }
     Ok(())
 }
 
-/// Count the outcome of a proxied request and release its seat.
-fn record(d: &Dispatch) {
+/// Count the outcome of a proxied request, log it and release its seat.
+fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
     let c = d.choice();
     let mut st = d.state.lock();
     let lease = st.lease.take();
@@ -198,4 +236,11 @@ fn record(d: &Dispatch) {
             .with_label_values(&labels)
             .observe(fb.duration_since(d.started).as_secs_f64());
     }
+    if let Some(code) = st.code {
+        METRICS
+            .errors
+            .with_label_values(&[d.endpoint.label(), code.as_str()])
+            .inc();
+    }
+    log.write(&arrival.routed(d, &st, total));
 }

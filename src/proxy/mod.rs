@@ -6,6 +6,7 @@
 //! The subrequest runs the upstream hooks (`upstream_peer`, failover, response headers) and its
 //! response is piped back to the client unbuffered.
 
+pub mod access_log;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -38,11 +39,12 @@ pub const SCORE_HEADER: &str = "x-fleet-score";
 
 pub struct Gateway {
     fleet: Arc<Fleet>,
+    access_log: access_log::AccessLog,
 }
 
 impl Gateway {
-    pub fn new(fleet: Arc<Fleet>) -> Gateway {
-        Gateway { fleet }
+    pub fn new(fleet: Arc<Fleet>, access_log: access_log::AccessLog) -> Gateway {
+        Gateway { fleet, access_log }
     }
 }
 
@@ -97,7 +99,7 @@ impl ProxyHttp for Gateway {
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        handle::client_request(&self.fleet, session).await?;
+        handle::client_request(&self.fleet, &self.access_log, session).await?;
         Ok(true)
     }
 
