@@ -124,8 +124,8 @@ fn every_dashboard_query_uses_series_a_running_gateway_exports() {
     let rt = runtime();
     let f = ObservedFleet::start(&rt, "");
     let scrape = rt.block_on(async {
-        mixed_round(&f.gw).await;
-        scrape(&f.gw).await
+        let sent = mixed_round(&f.gw).await;
+        settled_scrape(&f.gw, sent).await
     });
     let dash = dashboard();
     let defined = metrics_rs_names();
@@ -188,8 +188,8 @@ fn errors_retries_and_build_info_are_exported() {
     let rt = runtime();
     let f = ObservedFleet::start(&rt, "");
     let s = rt.block_on(async {
-        mixed_round(&f.gw).await;
-        scrape(&f.gw).await
+        let sent = mixed_round(&f.gw).await;
+        settled_scrape(&f.gw, sent).await
     });
     let has = |line: &str| {
         assert!(
@@ -313,7 +313,14 @@ fn access_log_writes_one_json_line_per_request_without_keys_or_prompts() {
             "{ts}"
         );
     }
-    let (ok, stream, missing) = (&lines[0], &lines[1], &lines[2]);
+    // Lines are in the order requests finished accounting, not necessarily sent.
+    let find = |model: &str| {
+        lines
+            .iter()
+            .find(|l| l["requested_model"] == model)
+            .unwrap_or_else(|| panic!("no line for {model}:\n{text}"))
+    };
+    let (ok, stream, missing) = (find("gpt-test"), find("alpha:1b"), find("nope:1b"));
 
     assert_eq!(ok["protocol"], "openai_chat");
     assert_eq!(ok["requested_model"], "gpt-test");

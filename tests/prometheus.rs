@@ -250,10 +250,18 @@ fn real_prometheus_sees_the_requests_and_latency_and_every_dashboard_query() {
             })
             .await;
         println!("sum(fleetgate_proxy_requests_total) = {counted} (sent {total})");
-        let q = r#"sum(fleetgate_proxy_requests_total{status="200"})"#;
-        assert_eq!(prom.value(q).await.unwrap(), ok, "{q}");
-        let q = "sum(fleetgate_proxy_request_duration_seconds_count)";
-        assert_eq!(prom.value(q).await.unwrap(), routed, "{q}");
+        for (q, want) in [
+            (r#"sum(fleetgate_proxy_requests_total{status="200"})"#, ok),
+            (
+                "sum(fleetgate_proxy_request_duration_seconds_count)",
+                routed,
+            ),
+        ] {
+            let got = prom
+                .eventually(q, || async { prom.value(q).await.and_then(equals(want)) })
+                .await;
+            println!("{q} = {got}");
+        }
 
         // The sim waits 30 ms before its first token: both medians lie in or above the
         // (0.025, 0.05] bucket, and far below a second on an idle loopback.

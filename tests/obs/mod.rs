@@ -502,6 +502,40 @@ pub async fn scrape(gw: &Gateway) -> Scrape {
     parse_exposition(&text)
 }
 
+/// A scrape once everything `sent` is accounted: a request is recorded just after its last
+/// byte is written, so the client can be a moment ahead of `/metrics`. Bounded wait.
+pub async fn settled_scrape(gw: &Gateway, sent: Sent) -> Scrape {
+    let want = [
+        ("fleetgate_proxy_requests_total", sent.total()),
+        (
+            "fleetgate_proxy_errors_total",
+            sent.not_found + sent.unavailable,
+        ),
+        (
+            "fleetgate_proxy_request_duration_seconds_count",
+            sent.ok + sent.unavailable,
+        ),
+        ("fleetgate_proxy_time_to_first_token_seconds_count", sent.ok),
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = scrape(gw).await;
+        let off: Vec<_> = want
+            .iter()
+            .filter(|(name, n)| sum(&s, name) != *n as f64)
+            .collect();
+        if off.is_empty() {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not accounted: {off:?}\n{}",
+            s.text
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Sum of every sample of `name` in a scrape.
 pub fn sum(scrape: &Scrape, name: &str) -> f64 {
     scrape
