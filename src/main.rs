@@ -31,6 +31,18 @@ enum Command {
     Check { files: Vec<PathBuf> },
     /// Run the simulated nodes a config file describes (`backend: sim` nodes with a `sim:` block).
     Sim,
+    /// Show how a request would be routed on the fleet a config describes (static facts).
+    Explain {
+        /// JSON request body (OpenAI, Ollama or Anthropic).
+        #[arg(long)]
+        request: PathBuf,
+        /// API path the body is for; default /v1/chat/completions (/api/generate for `prompt`).
+        #[arg(long)]
+        path: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn load(path: &Path) -> Result<Config, ExitCode> {
@@ -50,6 +62,11 @@ fn main() -> ExitCode {
         Command::Run => run(&cli.config),
         Command::Check { files } => check(&files),
         Command::Sim => sim(&cli.config),
+        Command::Explain {
+            request,
+            path,
+            json,
+        } => explain(&cli.config, &request, path.as_deref(), json),
     }
 }
 
@@ -118,6 +135,30 @@ fn sim(path: &Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fleetgate sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(config: &Path, request: &Path, path: Option<&str>, json: bool) -> ExitCode {
+    let config = match load(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let body = match std::fs::read(request) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{}: {e}", request.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match fleetgate::admin::explain::explain_offline(config, path, &body, json) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fleetgate explain: {e}");
             ExitCode::FAILURE
         }
     }

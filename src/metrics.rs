@@ -5,8 +5,8 @@
 
 use once_cell::sync::Lazy;
 use prometheus::{
-    histogram_opts, opts, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGaugeVec, Registry,
-    TextEncoder,
+    histogram_opts, opts, Encoder, GaugeVec, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Registry, TextEncoder,
 };
 
 pub const REQUESTS_TOTAL: &str = "fleetgate_proxy_requests_total";
@@ -19,6 +19,16 @@ pub const RETRIES_TOTAL: &str = "fleetgate_proxy_retries_total";
 pub const BUILD_INFO: &str = "fleetgate_build_info";
 pub const ERRORS_TOTAL: &str = "fleetgate_proxy_errors_total";
 pub const ACCESS_LOG_DROPPED_TOTAL: &str = "fleetgate_access_log_dropped_total";
+pub const QUEUE_WAIT_SECONDS: &str = "fleetgate_queue_wait_seconds";
+pub const QUEUE_PENDING_REQUESTS: &str = "fleetgate_queue_pending_requests";
+pub const QUEUE_ABORTS_TOTAL: &str = "fleetgate_queue_client_aborts_total";
+pub const HOLDING_REQUESTS: &str = "fleetgate_queue_holding_requests";
+pub const HOLDING_OUTCOMES_TOTAL: &str = "fleetgate_queue_holding_outcomes_total";
+pub const PREWARMS_TOTAL: &str = "fleetgate_queue_prewarms_total";
+pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
+pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
+pub const ELIMINATIONS_TOTAL: &str = "fleetgate_routing_eliminations_total";
+pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -42,6 +52,16 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// Access-log lines not written: `full` (writer behind) or `write_error`.
     pub access_log_dropped: IntCounterVec,
+    pub queue_wait: HistogramVec,
+    pub pending: IntGaugeVec,
+    pub queue_aborts: IntCounterVec,
+    pub holding_depth: IntGauge,
+    pub holding: IntCounterVec,
+    pub prewarms: IntCounterVec,
+    pub rebalance_moves: IntCounterVec,
+    pub pulls: IntCounterVec,
+    pub eliminations: IntCounterVec,
+    pub decisions: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -102,6 +122,62 @@ fn build() -> Result<Metrics, prometheus::Error> {
             ),
             &["reason"],
         )?,
+        queue_wait: HistogramVec::new(
+            histogram_opts!(
+                QUEUE_WAIT_SECONDS,
+                "Time waiting in the gateway before dispatch",
+                LATENCY_BUCKETS.to_vec()
+            ),
+            nm,
+        )?,
+        pending: IntGaugeVec::new(
+            opts!(
+                QUEUE_PENDING_REQUESTS,
+                "Requests waiting per node:model queue"
+            ),
+            nm,
+        )?,
+        queue_aborts: IntCounterVec::new(
+            opts!(
+                QUEUE_ABORTS_TOTAL,
+                "Clients that left while waiting for a seat"
+            ),
+            nm,
+        )?,
+        holding_depth: IntGauge::with_opts(opts!(
+            HOLDING_REQUESTS,
+            "Requests in the holding queue"
+        ))?,
+        holding: IntCounterVec::new(
+            opts!(
+                HOLDING_OUTCOMES_TOTAL,
+                "Holding-queue outcomes: served, timeout, full, aborted"
+            ),
+            &["outcome"],
+        )?,
+        prewarms: IntCounterVec::new(opts!(PREWARMS_TOTAL, "Pre-warm loads sent (Stage 4)"), nm)?,
+        rebalance_moves: IntCounterVec::new(
+            opts!(
+                REBALANCE_MOVES_TOTAL,
+                "Waiting requests moved to another node (Stage 5)"
+            ),
+            &["from", "to", "model"],
+        )?,
+        pulls: IntCounterVec::new(
+            opts!(PULLS_TOTAL, "Auto-pulls by outcome"),
+            &["node", "outcome"],
+        )?,
+        eliminations: IntCounterVec::new(
+            opts!(ELIMINATIONS_TOTAL, "Stage 1 eliminations of (node, model) pairs by reason"),
+            &["reason"],
+        )?,
+        decisions: IntCounterVec::new(
+            opts!(
+                DECISIONS_TOTAL,
+                "Routed requests by kind: direct, fallback, pin, cold_load, affinity_matched/spilled/new"
+            ),
+            &["kind"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -118,6 +194,16 @@ fn build() -> Result<Metrics, prometheus::Error> {
     for reason in ["full", "write_error"] {
         m.access_log_dropped.with_label_values(&[reason]);
     }
+    m.registry.register(Box::new(m.queue_wait.clone()))?;
+    m.registry.register(Box::new(m.pending.clone()))?;
+    m.registry.register(Box::new(m.queue_aborts.clone()))?;
+    m.registry.register(Box::new(m.holding_depth.clone()))?;
+    m.registry.register(Box::new(m.holding.clone()))?;
+    m.registry.register(Box::new(m.prewarms.clone()))?;
+    m.registry.register(Box::new(m.rebalance_moves.clone()))?;
+    m.registry.register(Box::new(m.pulls.clone()))?;
+    m.registry.register(Box::new(m.eliminations.clone()))?;
+    m.registry.register(Box::new(m.decisions.clone()))?;
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);
@@ -140,4 +226,54 @@ pub fn encode() -> String {
     let mut buf = Vec::new();
     let _ = TextEncoder::new().encode(&METRICS.registry.gather(), &mut buf);
     String::from_utf8(buf).unwrap_or_default()
+}
+
+/// Count one decision: eliminations by reason (tallied first: one increment per reason) and
+/// the kinds of the routed outcome.
+pub fn record_decision(d: &crate::routing::Decision, pinned: bool) {
+    use crate::routing::{AffinityKind, Reason, Verdict};
+    let mut tally = [0u64; Reason::ALL.len()];
+    for row in &d.table {
+        if let Verdict::Eliminated { reason } = row.verdict {
+            tally[reason as usize] += 1;
+        }
+    }
+    for (reason, n) in Reason::ALL.iter().zip(tally) {
+        if n > 0 {
+            METRICS
+                .eliminations
+                .with_label_values(&[reason.as_str()])
+                .inc_by(n);
+        }
+    }
+    let Some(w) = d.winner() else { return };
+    let mut kinds = Vec::with_capacity(3);
+    kinds.push(if w.fallback { "fallback" } else { "direct" });
+    if w.cold {
+        kinds.push("cold_load");
+    }
+    if pinned {
+        kinds.push("pin");
+    }
+    match d.affinity {
+        AffinityKind::Matched => kinds.push("affinity_matched"),
+        AffinityKind::Spilled => kinds.push("affinity_spilled"),
+        AffinityKind::New => kinds.push("affinity_new"),
+        AffinityKind::None => {}
+    }
+    for k in kinds {
+        METRICS.decisions.with_label_values(&[k]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::routing::Reason;
+
+    #[test]
+    fn reason_table_matches_discriminants() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{}", r.as_str());
+        }
+    }
 }

@@ -15,6 +15,8 @@ use crate::fleet::Fleet;
 use crate::proxy::access_log::AccessLog;
 use crate::proxy::Gateway;
 use crate::services::health::HealthPoller;
+use crate::services::prewarm::Prewarm;
+use crate::services::rebalance::Rebalance;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -79,6 +81,11 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
     server.add_service(background_service(
         "health poller",
         HealthPoller::new(fleet.clone()),
+    ));
+    server.add_service(background_service("pre-warm", Prewarm::new(fleet.clone())));
+    server.add_service(background_service(
+        "rebalance",
+        Rebalance::new(fleet.clone()),
     ));
 
     let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {

@@ -229,7 +229,7 @@ fn no_node_up_is_503_with_retry_after() {
     let rt = runtime();
     let dead = free_port();
     let yaml = format!(
-        "health:\n  failures_before_offline: 1\nfleet:\n  nodes:\n    - id: nn-dead\n      url: http://127.0.0.1:{dead}\n      backend: ollama\n      models:\n        - {{name: alpha:1b, size_gb: 1}}\n"
+        "health:\n  failures_before_offline: 1\nqueue:\n  holding_timeout_s: 1\nfleet:\n  nodes:\n    - id: nn-dead\n      url: http://127.0.0.1:{dead}\n      backend: ollama\n      models:\n        - {{name: alpha:1b, size_gb: 1}}\n"
     );
     let gw = Gateway::start(&yaml);
     rt.block_on(async {

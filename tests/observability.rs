@@ -331,12 +331,17 @@ fn access_log_writes_one_json_line_per_request_without_keys_or_prompts() {
     );
     assert!(ok["score"].is_number());
     assert_eq!(ok["retries"], 0);
-    assert_eq!(ok["queue_wait_ms"], 0.0);
+    assert!(
+        ok["queue_wait_ms"].as_f64().is_some_and(|w| w >= 0.0),
+        "{ok}"
+    );
     assert_eq!(ok["status"], 200);
     assert_eq!(ok["error"], Value::Null);
     let tenant = ok["tenant"].as_str().unwrap();
     assert!(
-        tenant.len() == 12 && tenant.bytes().all(|b| b.is_ascii_hexdigit()),
+        tenant
+            .strip_prefix("key-")
+            .is_some_and(|d| d.len() == 12 && d.bytes().all(|b| b.is_ascii_hexdigit())),
         "{tenant}"
     );
     assert_eq!(
@@ -371,7 +376,7 @@ fn access_log_writes_one_json_line_per_request_without_keys_or_prompts() {
     assert_eq!(missing["served_model"], "-");
     assert_eq!(missing["node"], "-");
     assert_eq!(missing["score"], Value::Null);
-    assert_eq!(missing["tenant"], "-");
+    assert_eq!(missing["tenant"], "anonymous");
     assert!(missing["bytes_out"].as_u64().unwrap() > 0);
 
     // The log and the request counter agree.

@@ -1,5 +1,6 @@
 //! Admin listener: `/metrics`, `/fleet/status` (more endpoints land with later stages).
 
+pub mod explain;
 mod status;
 
 use std::net::TcpListener;
@@ -37,6 +38,8 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/fleet/status", get(status))
+        .route("/fleet/queue", get(queue))
+        .merge(explain::routes())
         .with_state(fleet)
 }
 
@@ -53,6 +56,14 @@ async fn metrics(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
 
 async fn status(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
     Json(status::fleet_status(&fleet))
+}
+
+/// Every request waiting in this gateway: in the holding queue (`node: null`) or a node:model
+/// queue, oldest first.
+async fn queue(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
+    let mut waiting = fleet.board.snapshot();
+    waiting.sort_by_key(|w| std::cmp::Reverse(w.waited_ms));
+    Json(serde_json::json!({ "holding": fleet.board.holding(), "waiting": waiting }))
 }
 
 #[async_trait]

@@ -34,6 +34,7 @@ pub struct ModelStatus {
     pub max_context: u32,
     pub in_flight: u32,
     pub pending: u32,
+    pub seats: u32,
     pub p75_ms: Option<f64>,
     pub observed_tps: Option<f64>,
 }
@@ -69,6 +70,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                             max_context: m.max_context,
                             in_flight: load.in_flight,
                             pending: load.pending,
+                            seats: fleet.nodes()[i].counters(&m.name).seats(),
                             p75_ms: load.p75_ms,
                             observed_tps: load.observed_tps,
                         }
@@ -82,6 +84,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
 
 /// Set the state gauges from the live fleet (called before each scrape).
 pub fn refresh_gauges(fleet: &Fleet) {
+    METRICS.holding_depth.set(fleet.board.holding() as i64);
     let view = fleet.view();
     for (i, n) in view.nodes.iter().enumerate() {
         let up = i64::from(n.health != Health::Offline);
@@ -97,6 +100,10 @@ pub fn refresh_gauges(fleet: &Fleet) {
                 .in_flight
                 .with_label_values(&[&n.id, &model])
                 .set(i64::from(c.in_flight.load(Ordering::Relaxed)));
+            METRICS
+                .pending
+                .with_label_values(&[&n.id, &model])
+                .set(i64::from(c.pending.load(Ordering::Relaxed)));
         }
     }
 }

@@ -19,6 +19,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub routing: RoutingFile,
     #[serde(default)]
+    pub queue: QueueFile,
+    #[serde(default)]
     pub models: ModelsFile,
     #[serde(default)]
     pub fleet: FleetFile,
@@ -103,6 +105,10 @@ pub struct RoutingFile {
     pub retries: u32,
     pub chars_per_token: f64,
     pub default_output_reserve: u32,
+    /// HMAC secret for `X-Fleet-Conversation` keys; replicas must share it to agree.
+    pub affinity_secret: String,
+    /// Spec 004 "only warm providers" for every model (per model: `models.require_warm`).
+    pub require_warm: bool,
     pub policy: Policy,
 }
 
@@ -112,7 +118,48 @@ impl Default for RoutingFile {
             retries: 2,
             chars_per_token: 4.0,
             default_output_reserve: 1024,
+            affinity_secret: DEFAULT_AFFINITY_SECRET.into(),
+            require_warm: false,
             policy: Policy::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueFile {
+    /// Longest a request waits in the holding queue (nothing can serve it) before 503.
+    pub holding_timeout_s: u64,
+    /// The holding queue rescans at least this often (and on every fleet change).
+    pub holding_rescore_ms: u64,
+    /// Most requests in the holding queue; past it, 429 queue_full at once.
+    pub holding_max: usize,
+    /// Longest a request waits for a seat in a node:model queue before 503.
+    pub max_wait_s: u64,
+    /// Pre-warm (Stage 4): check interval and the depth (running + waiting) that triggers it.
+    pub prewarm_interval_ms: u64,
+    pub prewarm_threshold: u32,
+    /// Rebalance (Stage 5): interval, waiting depth that triggers it, moves per cycle.
+    pub rebalance_interval_ms: u64,
+    pub rebalance_threshold: u32,
+    pub rebalance_max_moves: u32,
+    /// Pull a model no node has (Ollama /api/pull) onto the node with the most free memory.
+    pub auto_pull: bool,
+}
+
+impl Default for QueueFile {
+    fn default() -> Self {
+        QueueFile {
+            holding_timeout_s: 30,
+            holding_rescore_ms: 2_000,
+            holding_max: 256,
+            max_wait_s: 300,
+            prewarm_interval_ms: 5_000,
+            prewarm_threshold: 3,
+            rebalance_interval_ms: 5_000,
+            rebalance_threshold: 4,
+            rebalance_max_moves: 3,
+            auto_pull: false,
         }
     }
 }
@@ -124,7 +171,13 @@ pub struct ModelsFile {
     pub aliases: BTreeMap<String, String>,
     /// Model -> fallback models in order, used when the body gives none.
     pub fallbacks: BTreeMap<String, Vec<String>>,
+    /// Models served only by nodes that have them loaded (spec 004 warm-only rule).
+    pub require_warm: Vec<String>,
 }
+
+/// The built-in affinity secret: fine for one gateway, set your own for several replicas
+/// (they agree only when they share it) or to keep conversation keys unguessable.
+pub const DEFAULT_AFFINITY_SECRET: &str = "fleetgate-affinity";
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]

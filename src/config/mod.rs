@@ -30,8 +30,10 @@ pub struct Config {
     pub limits: Limits,
     pub health: Health,
     pub routing: Routing,
+    pub queue: QueueFile,
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
+    pub require_warm: Vec<String>,
     pub nodes: Vec<NodeConfig>,
     pub access_log: AccessLog,
 }
@@ -69,6 +71,8 @@ pub struct Routing {
     pub retries: u32,
     pub chars_per_token: f64,
     pub default_output_reserve: u32,
+    pub affinity_secret: String,
+    pub require_warm: bool,
     pub policy: Policy,
 }
 
@@ -162,6 +166,30 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             f.routing.chars_per_token
         ));
     }
+    if let Err(e) = f.routing.policy.validate() {
+        errors.push(format!(
+            "field `routing.policy.{}`: value {}: expected {}",
+            e.field, e.value, e.expected
+        ));
+    }
+    if f.routing.affinity_secret.is_empty() {
+        errors.push("field `routing.affinity_secret`: empty: expected a secret string".into());
+    }
+    for (field, v, min) in [
+        ("queue.holding_rescore_ms", f.queue.holding_rescore_ms, 10),
+        ("queue.prewarm_interval_ms", f.queue.prewarm_interval_ms, 10),
+        (
+            "queue.rebalance_interval_ms",
+            f.queue.rebalance_interval_ms,
+            10,
+        ),
+    ] {
+        if v < min {
+            errors.push(format!(
+                "field `{field}`: value {v}: expected at least {min}"
+            ));
+        }
+    }
     if f.fleet.nodes.is_empty() {
         errors.push("field `fleet.nodes`: empty: expected at least one node".into());
     }
@@ -215,10 +243,14 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             retries: f.routing.retries,
             chars_per_token: f.routing.chars_per_token,
             default_output_reserve: f.routing.default_output_reserve,
+            affinity_secret: f.routing.affinity_secret,
+            require_warm: f.routing.require_warm,
             policy: f.routing.policy,
         },
+        queue: f.queue,
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
+        require_warm: f.models.require_warm,
         nodes,
         access_log,
     })

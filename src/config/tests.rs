@@ -91,6 +91,34 @@ fn url_forms() {
 }
 
 #[test]
+fn reference_config_documents_the_real_defaults() {
+    let text = include_str!("../../conf/fleetgate.yaml");
+    let f = Config::parse(text).expect("reference config parses");
+    assert_eq!(
+        f.routing.policy,
+        Policy::default(),
+        "conf/fleetgate.yaml policy block = defaults"
+    );
+    let q = QueueFile::default();
+    assert_eq!(
+        (
+            f.queue.holding_timeout_s,
+            f.queue.holding_max,
+            f.queue.prewarm_threshold,
+            f.queue.rebalance_threshold
+        ),
+        (
+            q.holding_timeout_s,
+            q.holding_max,
+            q.prewarm_threshold,
+            q.rebalance_threshold
+        )
+    );
+    let l = LimitsFile::default();
+    assert_eq!(f.limits.max_body_bytes, l.max_body_bytes);
+}
+
+#[test]
 fn access_log_is_off_by_default_and_goes_to_stdout_or_a_file() {
     let c = Config::from_yaml(MINIMAL).expect("valid");
     assert_eq!(c.access_log.target, None);

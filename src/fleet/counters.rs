@@ -1,19 +1,25 @@
-//! Per node:model counters: in flight, pending, latency window (p75), observed tokens/s.
+//! Per node:model state: seats in use, waiting requests, latency window (p75), tokens/s.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::NodeState;
+use crate::queue::Waiter;
 use crate::routing::ModelLoad;
 
 const WINDOW: usize = 128;
 
+/// One node:model pair: its seats, its queue of waiting requests, and what was observed.
 #[derive(Debug, Default)]
 pub struct ModelCounters {
     pub in_flight: AtomicU32,
+    /// Requests waiting in this node:model queue (Stage 3).
     pub pending: AtomicU32,
+    /// Seats: most requests in flight at once for this node:model (0 until known; 1 is used).
+    pub limit: AtomicU32,
+    /// Waiting requests, oldest first.
+    pub(crate) waiters: Mutex<VecDeque<Waiter>>,
     /// p75 of the latency window in ms, as f64 bits (0 = no history).
     p75_bits: AtomicU64,
     /// EWMA of output tokens/s, as f64 bits (0 = unknown).
@@ -32,6 +38,11 @@ impl ModelCounters {
             p75_ms: (p75 > 0.0).then_some(p75),
             observed_tps: (tps > 0.0).then_some(tps),
         }
+    }
+
+    /// Seats for this node:model (at least 1).
+    pub fn seats(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed).max(1)
     }
 
     /// Record one completed request's total latency.
@@ -64,33 +75,6 @@ impl ModelCounters {
     }
 }
 
-/// A seat on node:model, held while the request runs; dropping it releases the seat.
-#[derive(Debug)]
-pub struct Lease {
-    pub node: usize,
-    node_in_flight: Arc<AtomicU32>,
-    pub counters: Arc<ModelCounters>,
-}
-
-impl Lease {
-    pub(super) fn new(node: &NodeState, idx: usize, counters: Arc<ModelCounters>) -> Lease {
-        node.in_flight.fetch_add(1, Ordering::Relaxed);
-        counters.in_flight.fetch_add(1, Ordering::Relaxed);
-        Lease {
-            node: idx,
-            node_in_flight: node.in_flight.clone(),
-            counters,
-        }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.node_in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,16 +95,5 @@ mod tests {
             Some(50.0),
             "old samples age out of the window"
         );
-    }
-
-    #[test]
-    fn lease_counts_and_releases() {
-        let node = NodeState::default();
-        let lease = Lease::new(&node, 0, node.counters("m"));
-        assert_eq!(node.in_flight.load(Ordering::Relaxed), 1);
-        assert_eq!(node.counters("m").load().in_flight, 1);
-        drop(lease);
-        assert_eq!(node.in_flight.load(Ordering::Relaxed), 0);
-        assert_eq!(node.counters("m").load().in_flight, 0);
     }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
-pub use counters::{Lease, ModelCounters};
+pub use crate::queue::Lease;
+pub use counters::ModelCounters;
 pub use live::{LiveModel, NodeLive, PollReport};
 
 use crate::config::{Config, NodeConfig};
@@ -20,7 +21,9 @@ use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView};
 /// Live state of one node.
 #[derive(Debug, Default)]
 pub struct NodeState {
-    pub in_flight: Arc<AtomicU32>,
+    pub in_flight: AtomicU32,
+    /// Most requests in flight on the node across its models (spec 003 hard cap).
+    hard_cap: AtomicU32,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
     pub live: Mutex<NodeLive>,
 }
@@ -36,6 +39,13 @@ impl NodeState {
             .entry(model.to_string())
             .or_default()
             .clone()
+    }
+
+    pub fn hard_cap(&self) -> u32 {
+        match self.hard_cap.load(Ordering::Relaxed) {
+            0 => u32::MAX,
+            n => n,
+        }
     }
 
     fn peek(&self, model: &str) -> Option<Arc<ModelCounters>> {
@@ -58,23 +68,36 @@ impl NodeState {
 /// The fleet: static node config, live state per node, and the current routing snapshot.
 pub struct Fleet {
     pub config: Arc<Config>,
-    nodes: Vec<NodeState>,
+    nodes: Vec<Arc<NodeState>>,
     view: ArcSwap<FleetView>,
+    /// Woken whenever the snapshot changes (the holding queue rescans then).
+    pub changed: tokio::sync::Notify,
+    /// Requests waiting in this gateway (node:model queues and the holding queue).
+    pub board: Arc<crate::queue::Board>,
+    /// Background actions in progress (pre-warm loads, pulls), one per key.
+    pub ops: crate::services::ops::Ops,
 }
 
 impl Fleet {
     pub fn new(config: Arc<Config>) -> Arc<Fleet> {
-        let nodes = config.nodes.iter().map(|_| NodeState::default()).collect();
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|_| Arc::new(NodeState::default()))
+            .collect();
         let fleet = Fleet {
             config,
             nodes,
             view: ArcSwap::from_pointee(FleetView::default()),
+            changed: tokio::sync::Notify::new(),
+            board: Arc::default(),
+            ops: Default::default(),
         };
         fleet.publish();
         Arc::new(fleet)
     }
 
-    pub fn nodes(&self) -> &[NodeState] {
+    pub fn nodes(&self) -> &[Arc<NodeState>] {
         &self.nodes
     }
 
@@ -91,9 +114,14 @@ impl Fleet {
         self.view.load_full()
     }
 
-    /// Take a seat on node:model; released when the lease drops.
+    /// Take a seat on node:model without queueing (failover); released when the lease drops.
     pub fn lease(&self, idx: usize, model: &str) -> Lease {
-        Lease::new(&self.nodes[idx], idx, self.nodes[idx].counters(model))
+        Lease::force(idx, &self.nodes[idx], self.nodes[idx].counters(model))
+    }
+
+    /// Ask for a seat on node:model: at once or a place in its queue (Stage 3).
+    pub fn acquire(&self, idx: usize, model: &str) -> crate::queue::Acquire {
+        crate::queue::acquire(idx, &self.nodes[idx], model)
     }
 
     /// Apply one poll result for node `idx`; returns true when routing-relevant state changed.
@@ -116,8 +144,36 @@ impl Fleet {
             .iter()
             .zip(&self.nodes)
             .map(|(cfg, st)| node_view(cfg, &st.live.lock()))
-            .collect();
+            .collect::<Vec<_>>();
+        for (idx, (view, st)) in nodes.iter().zip(&self.nodes).enumerate() {
+            self.set_seats(idx, view, st);
+        }
         self.view.store(Arc::new(FleetView { nodes }));
+        self.changed.notify_waiters();
+    }
+
+    /// Seats per node:model and the node's hard cap, from the new snapshot; frees waiters
+    /// when seats grew.
+    fn set_seats(&self, idx: usize, view: &NodeView, st: &Arc<NodeState>) {
+        let cfg = &self.config.nodes[idx];
+        let known = cfg.seats.or(st.live.lock().seats);
+        let held: f64 = view
+            .models
+            .iter()
+            .filter(|m| m.loaded)
+            .map(|m| m.resident_gb.unwrap_or(m.size_gb))
+            .sum();
+        let available = view
+            .free_memory_gb
+            .or((view.memory_gb > 0.0).then_some(view.memory_gb - held));
+        st.hard_cap.store(view.hard_cap, Ordering::Relaxed);
+        for m in &view.models {
+            let model_gb = m.resident_gb.unwrap_or(m.size_gb);
+            let extra = if m.loaded { model_gb } else { 0.0 };
+            let seats = crate::queue::seats::derive(known, available.map(|a| a + extra), model_gb);
+            st.counters(&m.name).limit.store(seats, Ordering::Relaxed);
+        }
+        crate::queue::pump(idx, st);
     }
 }
 
@@ -133,6 +189,8 @@ fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
                 size_gb: m.size_gb,
                 max_context: cap(m.context),
                 on_disk: true,
+                loaded: m.loaded && !live.polled,
+                loaded_context: (m.loaded && !live.polled).then(|| cap(m.context)),
                 ..ModelView::default()
             });
         }
@@ -166,7 +224,7 @@ fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
                 None => {
                     models.push(ModelView {
                         name: lm.name.clone(),
-                        max_context: cap(lm.context.unwrap_or(8192)),
+                        max_context: lm.context.map_or(0, cap),
                         ..ModelView::default()
                     });
                     models.last_mut().expect("just pushed")

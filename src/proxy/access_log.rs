@@ -1,7 +1,7 @@
 //! Structured access log: one JSON line per routed request, written by its own thread so the
 //! proxy never waits on a disk; when the writer falls behind, lines are dropped and counted
 //! (`fleetgate_access_log_dropped_total`). Never holds API keys or prompts: the tenant is a
-//! hash of the key, and only sizes of bodies are logged.
+//! digest of the key (`intake::tenant`), and only sizes of bodies are logged.
 
 use std::fs::OpenOptions;
 use std::io::{self, BufWriter, Write};
@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pingora::http::RequestHeader;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use super::dispatch::{Attempts, Dispatch};
 use crate::config::AccessLogTarget;
@@ -110,7 +109,7 @@ impl Arrival {
         Arrival {
             arrived: SystemTime::now(),
             started: Instant::now(),
-            tenant: tenant(h),
+            tenant: super::intake::tenant(h),
             protocol: "-",
             requested_model: "-".into(),
             bytes_in: 0,
@@ -153,7 +152,7 @@ impl Arrival {
             score: Some((c.score * 100.0).round() / 100.0),
             fallback: c.fallback,
             retries: st.retries,
-            queue_wait_ms: 0.0,
+            queue_wait_ms: ms(d.queue_wait),
             ttft_ms: st.first_byte.map(|t| ms(t.duration_since(d.started))),
             total_ms: ms(total),
             status,
@@ -183,7 +182,7 @@ pub struct Entry<'a> {
     pub status: u16,
     /// The stable error code when the gateway answered with an error.
     pub error: Option<&'a str>,
-    /// First 12 hex digits of SHA-256 of the API key, "-" without one.
+    /// `intake::tenant`: a digest of the API key (`key-` + 12 hex digits), or "anonymous".
     pub tenant: &'a str,
     pub bytes_in: usize,
     pub bytes_out: usize,
@@ -191,32 +190,6 @@ pub struct Entry<'a> {
 
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
-}
-
-/// The tenant a request belongs to: a short hash of its API key (`Authorization: Bearer`,
-/// `x-api-key` or `api-key`), "-" when it carries none. The key itself is never kept.
-pub fn tenant(h: &RequestHeader) -> String {
-    let get = |name: &str| {
-        h.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
-    let key = get("authorization")
-        .map(|v| match v.split_once(' ') {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
-            _ => v,
-        })
-        .or_else(|| get("x-api-key"))
-        .or_else(|| get("api-key"))
-        .filter(|k| !k.is_empty());
-    match key {
-        Some(k) => Sha256::digest(k.as_bytes())[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-        None => "-".into(),
-    }
 }
 
 /// `2024-05-01T12:34:56.789Z`.
@@ -256,21 +229,5 @@ mod tests {
         assert_eq!(t(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(t(1_709_251_199, 999), "2024-02-29T23:59:59.999Z");
         assert_eq!(t(4_102_444_800, 0), "2100-01-01T00:00:00.000Z");
-    }
-
-    #[test]
-    fn tenant_is_a_hash_of_the_key_never_the_key() {
-        let with = |name: &str, value: &str| {
-            let mut h = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
-            h.insert_header(name.to_string(), value).unwrap();
-            tenant(&h)
-        };
-        let a = with("authorization", "Bearer sk-secret-1");
-        assert_eq!(a.len(), 12);
-        assert!(!a.contains("secret"));
-        assert_eq!(a, with("x-api-key", "sk-secret-1"), "same key, same tenant");
-        assert_ne!(a, with("authorization", "Bearer sk-secret-2"));
-        let none = RequestHeader::build("POST", b"/", None).unwrap();
-        assert_eq!(tenant(&none), "-");
     }
 }

@@ -8,17 +8,23 @@ use parking_lot::Mutex;
 
 use crate::fleet::Lease;
 use crate::protocol::{Endpoint, ErrorCode};
-use crate::routing::Choice;
+use crate::routing::{AffinityKind, Choice};
 
 /// What the client-facing request hands to its subrequest.
 #[derive(Debug)]
 pub struct Dispatch {
     pub endpoint: Endpoint,
     pub requested_model: String,
+    /// What conversation affinity did for this request.
+    pub affinity: AffinityKind,
     /// Winner first, then same-model runners-up for failover.
     pub ranked: Vec<Choice>,
     pub body: Bytes,
     pub started: Instant,
+    /// Time spent in the holding and node:model queues before dispatch.
+    pub queue_wait: std::time::Duration,
+    /// The client asked for a stream (SSE / NDJSON).
+    pub stream: bool,
     pub max_retries: u32,
     pub state: Mutex<Attempts>,
 }
@@ -38,6 +44,8 @@ pub struct Attempts {
     pub error: Option<String>,
     /// Every attempt failed to connect: nothing reached any node.
     pub unreachable: bool,
+    /// The node failed after the response began (the stream was cut).
+    pub broken: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
     /// The error the gateway answered with after the upstream failed.

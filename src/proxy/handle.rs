@@ -5,18 +5,18 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use pingora::Result;
+use pingora_core::protocols::http::HttpTask;
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
-use super::{intake, local, respond};
+use super::place::Unplaced;
+use super::{intake, local, place, respond};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
-use crate::routing::{self, NoRoute};
-use crate::services::now_ms;
 
 /// Serve one client request completely (the response is written when this returns Ok).
 pub async fn client_request(
@@ -33,15 +33,8 @@ pub async fn client_request(
     let Some(ep) = protocol::detect(&method, &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
-        return fail(
-            session,
-            log,
-            &arrival,
-            family,
-            ErrorCode::InvalidRequest,
-            &msg,
-        )
-        .await;
+        let code = ErrorCode::InvalidRequest;
+        return fail(session, log, &arrival, family, code, &msg).await;
     };
     let family = ep.family();
     arrival.protocol = ep.label();
@@ -50,68 +43,39 @@ pub async fn client_request(
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
     arrival.bytes_in = body.len();
-    let parsed = match protocol::parse(ep, &body) {
-        Ok(p) => p,
-        Err(e) => {
+    let (parsed, req) = match intake::prepare(&fleet.config, ep, &body, session.req_header()) {
+        Ok(v) => v,
+        Err(msg) => {
             let code = ErrorCode::InvalidRequest;
-            return fail(session, log, &arrival, family, code, &e.message).await;
+            return fail(session, log, &arrival, family, code, &msg).await;
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let req = intake::route_request(&fleet.config, ep, &parsed, session.req_header());
-    let view = fleet.view();
-    let decision = routing::decide(
-        &req,
-        &view,
-        &fleet.config.routing.policy,
-        fleet.as_ref(),
-        now_ms(),
-    );
-    let Some(winner) = decision.winner().cloned() else {
-        let (code, msg) = match decision.no_route.unwrap_or(NoRoute::NoProvider) {
-            NoRoute::ModelNotFound => (
-                ErrorCode::ModelNotFound,
-                format!("model '{}' not found on any node", parsed.model),
-            ),
-            NoRoute::ContextTooLong => (
-                ErrorCode::ContextLengthExceeded,
-                format!(
-                    "request needs about {} prompt tokens plus output; no node's context window for '{}' fits",
-                    req.prompt_tokens, req.models[0]
-                ),
-            ),
-            NoRoute::PinUnavailable => (
-                ErrorCode::NoProviderAvailable,
-                format!("pinned node '{}' cannot serve this request now", req.pin.clone().unwrap_or_default()),
-            ),
-            NoRoute::NoProvider => (
-                ErrorCode::NoProviderAvailable,
-                format!("no node can serve model '{}' right now", req.models[0]),
-            ),
-        };
-        return fail(session, log, &arrival, family, code, &msg).await;
+    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+        Ok(p) => p,
+        Err(Unplaced::Error(code, msg)) => {
+            return fail(session, log, &arrival, family, code, &msg).await
+        }
+        Err(gone) => return place::answer(session, ep, gone).await,
     };
-    let body = if winner.model != parsed.model {
-        protocol::rewrite_model(&body, &winner.model).unwrap_or(body)
+    let model = placement.ranked[0].model.clone();
+    let body = if model != parsed.model {
+        protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
         body
     };
-    let ranked: Vec<_> = decision
-        .ranked
-        .iter()
-        .filter(|c| c.model == winner.model)
-        .cloned()
-        .collect();
-    let lease = fleet.lease(winner.node, &winner.model);
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
         requested_model: parsed.model.clone(),
-        ranked,
+        affinity: placement.affinity,
+        ranked: placement.ranked,
         body,
         started: Instant::now(),
+        queue_wait: placement.queue_wait,
+        stream: parsed.stream,
         max_retries: fleet.config.routing.retries,
         state: Mutex::new(Attempts {
-            lease: Some(lease),
+            lease: Some(placement.lease),
             ..Attempts::default()
         }),
     });
@@ -136,7 +100,7 @@ async fn fail(
     respond::json(session, code.status(), body, respond::retry_after(code)).await
 }
 
-fn record_local(protocol: &str, code: ErrorCode) {
+pub(super) fn record_local(protocol: &str, code: ErrorCode) {
     METRICS
         .requests
         .with_label_values(&["-", "-", protocol, &code.status().to_string()])
@@ -165,19 +129,38 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
     let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
     let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
-    let join = match result {
-        Ok(mut state) => state.join_handle.take(),
-        Err(mut e) => {
-            let mut st = d.state.lock();
-            if st.error.is_none() {
-                st.error = Some(e.error.to_string());
+    let failed = result.is_err();
+    match result {
+        Ok(mut state) => {
+            if let Some(j) = state.join_handle.take() {
+                let _ = j.await;
             }
-            drop(st);
-            e.state.join_handle.take()
         }
-    };
-    if let Some(j) = join {
-        let _ = j.await;
+        Err(mut e) => {
+            {
+                let mut st = d.state.lock();
+                if st.error.is_none() {
+                    st.error = Some(e.error.to_string());
+                }
+            }
+            // The failure can overtake response parts the node did send: forward those first.
+            if let Some(rx) = e.state.pipe_rx.take() {
+                forward_leftovers(session, rx).await;
+            }
+        }
+    }
+    if failed && session.response_written().is_some() {
+        // The node failed after the response began: nothing can be retried, so end the
+        // stream with an error the client's SDK understands.
+        let err = d.state.lock().error.clone().unwrap_or_default();
+        d.state.lock().broken = true;
+        if d.stream {
+            d.state.lock().code = Some(ErrorCode::UpstreamError);
+            let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
+            let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
     }
     if session.response_written().is_none() {
         let (unreachable, err) = {
@@ -208,6 +191,30 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         return respond::json(session, code.status(), body, respond::retry_after(code)).await;
     }
     Ok(())
+}
+
+/// Write the response header and body parts still in the pipe after a subrequest failed.
+async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
+    let mut tasks = Vec::new();
+    let drain = async {
+        while let Some(t) = rx.recv().await {
+            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
+                tasks.push(t);
+            }
+        }
+    };
+    // The subrequest reports its failure last, so the pipe closes right after.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+    let tasks: Vec<HttpTask> = tasks
+        .into_iter()
+        .map(|t| match t {
+            HttpTask::Body(b, _) => HttpTask::Body(b, false),
+            t => t,
+        })
+        .collect();
+    if !tasks.is_empty() {
+        let _ = session.write_response_tasks(tasks).await;
+    }
 }
 
 /// Count the outcome of a proxied request, log it and release its seat.

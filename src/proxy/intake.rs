@@ -7,8 +7,8 @@ use pingora::Result;
 use pingora_proxy::Session;
 
 use crate::config::Config;
-use crate::protocol::{Endpoint, ErrorCode, ParsedRequest};
-use crate::routing::RouteRequest;
+use crate::protocol::{self, Endpoint, ErrorCode, ParsedRequest};
+use crate::routing::{conversation_key, RouteRequest};
 
 pub const PIN_HEADER: &str = "x-fleet-pin-node";
 pub const CONVERSATION_HEADER: &str = "x-fleet-conversation";
@@ -66,6 +66,25 @@ pub fn resolve<'a>(config: &'a Config, model: &'a str) -> &'a str {
     config.aliases.get(model).map_or(model, String::as_str)
 }
 
+/// The tenant a request belongs to: a stable digest of its API key (`Authorization: Bearer`
+/// or `x-api-key`), never the key itself; "anonymous" without one.
+pub fn tenant(h: &RequestHeader) -> String {
+    use sha2::{Digest, Sha256};
+    let key = header_str(h, "authorization")
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
+        .or_else(|| header_str(h, "x-api-key"));
+    match key {
+        Some(k) if !k.is_empty() => {
+            let d = Sha256::digest(k.as_bytes());
+            format!(
+                "key-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+                d[0], d[1], d[2], d[3], d[4], d[5]
+            )
+        }
+        _ => "anonymous".into(),
+    }
+}
+
 /// Build what routing sees from the parsed body and the request headers.
 pub fn route_request(
     config: &Config,
@@ -106,6 +125,22 @@ pub fn route_request(
         max_output_tokens: parsed.max_tokens,
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
+        affinity_key: header_str(h, CONVERSATION_HEADER).map(|tag| {
+            conversation_key(config.routing.affinity_secret.as_bytes(), &tenant(h), tag)
+        }),
+        require_warm: config.routing.require_warm || config.require_warm.contains(&primary),
         ..RouteRequest::default()
     }
+}
+
+/// Parse a body read for `ep` and build its `RouteRequest`; the error is a client's 400.
+pub fn prepare(
+    config: &Config,
+    ep: Endpoint,
+    body: &[u8],
+    h: &RequestHeader,
+) -> Result<(ParsedRequest, RouteRequest), String> {
+    let parsed = protocol::parse(ep, body).map_err(|e| e.message)?;
+    let req = route_request(config, ep, &parsed, h);
+    Ok((parsed, req))
 }

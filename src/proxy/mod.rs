@@ -11,6 +11,7 @@ mod dispatch;
 mod handle;
 pub mod intake;
 mod local;
+mod place;
 mod respond;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub use local::models as fleet_models;
 
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
+use crate::routing::AffinityKind;
 
 /// Response headers that say what routing did.
 pub const NODE_HEADER: &str = "x-fleet-node";
@@ -36,6 +38,8 @@ pub const REQUESTED_MODEL_HEADER: &str = "x-fleet-requested-model";
 pub const FALLBACK_HEADER: &str = "x-fleet-fallback";
 pub const RETRIES_HEADER: &str = "x-fleet-retries";
 pub const SCORE_HEADER: &str = "x-fleet-score";
+pub const AFFINITY_HEADER: &str = "x-fleet-affinity";
+pub const QUEUE_WAIT_HEADER: &str = "x-fleet-queue-wait-ms";
 
 pub struct Gateway {
     fleet: Arc<Fleet>,
@@ -73,6 +77,16 @@ fn prepare_upstream_header(h: &mut RequestHeader, body_len: usize) -> Result<()>
         h.remove_header(name);
     }
     Ok(())
+}
+
+/// `X-Fleet-Affinity` value; no header when the request carried no conversation.
+pub fn affinity_label(kind: AffinityKind) -> Option<&'static str> {
+    match kind {
+        AffinityKind::None => None,
+        AffinityKind::Matched => Some("matched"),
+        AffinityKind::Spilled => Some("spilled"),
+        AffinityKind::New => Some("new"),
+    }
 }
 
 #[async_trait]
@@ -189,6 +203,10 @@ impl ProxyHttp for Gateway {
         resp.insert_header(FALLBACK_HEADER, if c.fallback { "true" } else { "false" })?;
         resp.insert_header(RETRIES_HEADER, retries.to_string())?;
         resp.insert_header(SCORE_HEADER, format!("{:.1}", c.score))?;
+        resp.insert_header(QUEUE_WAIT_HEADER, d.queue_wait.as_millis().to_string())?;
+        if let Some(kind) = affinity_label(d.affinity) {
+            resp.insert_header(AFFINITY_HEADER, kind)?;
+        }
         Ok(())
     }
 

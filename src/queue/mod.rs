@@ -1,1 +1,176 @@
-//! queue
+//! Stage 3: per node:model queues. A request takes a seat at once when its node:model has one
+//! free (and the node is under its hard cap); otherwise it waits, in the gateway, in FIFO
+//! order, where rebalance can still move it. Seats are `Lease`s: dropping one frees the seat
+//! and hands it to the next waiter of that node.
+
+mod board;
+pub mod seats;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+pub use board::{Board, Waiting, WaitingGuard};
+
+use crate::fleet::{ModelCounters, NodeState};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A process-unique id for a waiting request.
+pub fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A request waiting for a seat.
+#[derive(Debug)]
+pub struct Waiter {
+    pub id: u64,
+    pub since: Instant,
+    tx: oneshot::Sender<Lease>,
+}
+
+/// A seat on node:model, held while the request runs; dropping it releases the seat.
+#[derive(Debug)]
+pub struct Lease {
+    pub node: usize,
+    node_state: Arc<NodeState>,
+    pub counters: Arc<ModelCounters>,
+}
+
+impl Lease {
+    /// Take a seat unconditionally (failover onto a node already chosen by routing).
+    pub fn force(node: usize, node_state: &Arc<NodeState>, counters: Arc<ModelCounters>) -> Lease {
+        node_state.in_flight.fetch_add(1, Ordering::Relaxed);
+        counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        Lease {
+            node,
+            node_state: node_state.clone(),
+            counters,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.node_state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        pump(self.node, &self.node_state);
+    }
+}
+
+/// Whether node:model has a free seat now (limit per node:model, hard cap per node).
+fn has_room(node_state: &NodeState, counters: &ModelCounters) -> bool {
+    counters.in_flight.load(Ordering::Relaxed) < counters.seats()
+        && node_state.in_flight.load(Ordering::Relaxed) < node_state.hard_cap()
+}
+
+/// Take a seat if one is free and nobody is waiting ahead.
+pub fn try_take(
+    node: usize,
+    node_state: &Arc<NodeState>,
+    counters: &Arc<ModelCounters>,
+) -> Option<Lease> {
+    let waiters = counters.waiters.lock();
+    if !waiters.is_empty() || !has_room(node_state, counters) {
+        return None;
+    }
+    Some(Lease::force(node, node_state, counters.clone()))
+}
+
+/// The outcome of asking for a seat.
+pub enum Acquire {
+    Ready(Lease),
+    Wait(Ticket),
+}
+
+/// Ask for a seat on node:model: at once, or a place in its queue.
+pub fn acquire(node: usize, node_state: &Arc<NodeState>, model: &str) -> Acquire {
+    let counters = node_state.counters(model);
+    let mut waiters = counters.waiters.lock();
+    if waiters.is_empty() && has_room(node_state, &counters) {
+        drop(waiters);
+        return Acquire::Ready(Lease::force(node, node_state, counters));
+    }
+    let (tx, rx) = oneshot::channel();
+    let id = next_id();
+    waiters.push_back(Waiter {
+        id,
+        since: Instant::now(),
+        tx,
+    });
+    counters.pending.fetch_add(1, Ordering::Relaxed);
+    drop(waiters);
+    Acquire::Wait(Ticket {
+        id,
+        rx,
+        counters: counters.clone(),
+    })
+}
+
+/// A place in a node:model queue. Await `granted()`; dropping it leaves the queue.
+#[derive(Debug)]
+pub struct Ticket {
+    pub id: u64,
+    rx: oneshot::Receiver<Lease>,
+    counters: Arc<ModelCounters>,
+}
+
+impl Ticket {
+    /// Resolves with a seat: on this node, or on another one if rebalance moved the request.
+    pub async fn granted(&mut self) -> Option<Lease> {
+        (&mut self.rx).await.ok()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut waiters = self.counters.waiters.lock();
+        if let Some(pos) = waiters.iter().position(|w| w.id == self.id) {
+            waiters.remove(pos);
+            self.counters.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+        // A seat already sent but never received is dropped with `rx` and released.
+    }
+}
+
+/// Hand free seats of a node to its waiters, oldest first per model.
+pub fn pump(node: usize, node_state: &Arc<NodeState>) {
+    for (_, counters) in node_state.all_counters() {
+        loop {
+            let mut waiters = counters.waiters.lock();
+            if waiters.is_empty() || !has_room(node_state, &counters) {
+                break;
+            }
+            let Some(w) = waiters.pop_front() else { break };
+            counters.pending.fetch_sub(1, Ordering::Relaxed);
+            node_state.in_flight.fetch_add(1, Ordering::Relaxed);
+            counters.in_flight.fetch_add(1, Ordering::Relaxed);
+            drop(waiters);
+            let lease = Lease {
+                node,
+                node_state: node_state.clone(),
+                counters: counters.clone(),
+            };
+            if let Err(lease) = w.tx.send(lease) {
+                // The client left: dropping the seat hands it to the next waiter.
+                drop(lease);
+            }
+        }
+    }
+}
+
+/// Take the oldest waiter off node:model's queue (rebalance moves it elsewhere).
+pub fn take_waiter(counters: &ModelCounters) -> Option<Waiter> {
+    let w = counters.waiters.lock().pop_front()?;
+    counters.pending.fetch_sub(1, Ordering::Relaxed);
+    Some(w)
+}
+
+impl Waiter {
+    /// Give the waiter a seat (possibly on another node); false when it already left.
+    pub fn grant(self, lease: Lease) -> bool {
+        self.tx.send(lease).is_ok()
+    }
+}

@@ -79,8 +79,12 @@ pub(super) fn window_fits(model: &ModelView, needed: u64) -> bool {
 }
 
 /// Memory available for a model on `node`, GB: free RAM (else total minus what its loaded
-/// models hold), capped by the capacity learner's ceiling.
+/// models hold), capped by the capacity learner's ceiling. A node whose memory is unknown
+/// (no `memory_gb`, no agent report) is not held to a fit it cannot be judged on.
 pub(super) fn available_gb(node: &NodeView) -> f64 {
+    if node.free_memory_gb.is_none() && node.memory_gb <= 0.0 && node.learning.is_none() {
+        return f64::INFINITY;
+    }
     let free = node.free_memory_gb.unwrap_or_else(|| {
         let held: f64 = node.models.iter().filter(|m| m.loaded).map(model_gb).sum();
         node.memory_gb - held
@@ -422,6 +426,16 @@ mod tests {
             Err(Reason::NotWarm)
         );
         assert!(model_reason(&req, &tiered, &n, &cold, 0, 64.0).is_ok());
+    }
+
+    #[test]
+    fn unknown_memory_is_not_a_reason_to_eliminate() {
+        let mut n = node();
+        n.memory_gb = 0.0;
+        n.free_memory_gb = None;
+        assert_eq!(available_gb(&n), f64::INFINITY);
+        n.free_memory_gb = Some(3.0);
+        assert_eq!(available_gb(&n), 3.0, "a reported figure always counts");
     }
 
     #[test]

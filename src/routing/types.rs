@@ -178,6 +178,30 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order (`reason as usize` indexes it).
+    pub const ALL: [Reason; 20] = [
+        Reason::Offline,
+        Reason::Draining,
+        Reason::Paused,
+        Reason::Warmup,
+        Reason::BreakerOpen,
+        Reason::Thermal,
+        Reason::MemoryPressure,
+        Reason::ModelAbsent,
+        Reason::MemoryFit,
+        Reason::Context,
+        Reason::Capability,
+        Reason::Protocol,
+        Reason::NotWarm,
+        Reason::ProvisionalCap,
+        Reason::HardCap,
+        Reason::Tried,
+        Reason::PinnedElsewhere,
+        Reason::CpuHigh,
+        Reason::LowAvailability,
+        Reason::Learning,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Offline => "offline",

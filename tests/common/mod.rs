@@ -134,3 +134,29 @@ pub fn client() -> reqwest::Client {
 pub fn served(sim: &SimHandle) -> u64 {
     sim.control().stats().by_model.values().sum()
 }
+
+/// GET a JSON document from the gateway's admin listener.
+pub async fn admin_json(gw: &Gateway, path: &str) -> serde_json::Value {
+    client()
+        .get(gw.admin_url(path))
+        .send()
+        .await
+        .expect("admin request")
+        .json()
+        .await
+        .expect("admin JSON")
+}
+
+/// Poll `check` until it returns true, failing with `what` after 10 s. For state that other
+/// threads change (queues, polls): a readiness check, not a sleep.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

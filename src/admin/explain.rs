@@ -1,0 +1,231 @@
+//! Routing explanations: `POST /fleet/explain[/<api path>]` on the admin listener (live fleet)
+//! and `fleetgate explain` (static facts from a config file). Nothing is sent to any node.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use pingora::http::RequestHeader;
+use serde::Serialize;
+
+use crate::fleet::Fleet;
+use crate::protocol::{self, Endpoint};
+use crate::proxy::intake;
+use crate::routing::{self, AffinityKind, Choice, ExplainRow, NoRoute, RouteRequest};
+
+pub fn routes() -> Router<Arc<Fleet>> {
+    Router::new()
+        .route("/fleet/explain", post(explain_default))
+        .route("/fleet/explain/{*path}", post(explain_path))
+}
+
+/// The explanation of one decision.
+#[derive(Debug, Serialize)]
+pub struct Report<'a> {
+    pub endpoint: &'static str,
+    pub models: &'a [String],
+    pub prompt_tokens: u32,
+    pub max_output_tokens: Option<u32>,
+    pub required_tags: &'a [String],
+    pub pin: Option<&'a str>,
+    pub winner: Option<&'a Choice>,
+    pub ranked: &'a [Choice],
+    pub affinity: AffinityKind,
+    pub no_route: Option<NoRoute>,
+    pub table: Vec<ExplainRow<'a>>,
+}
+
+impl<'a> Report<'a> {
+    pub fn new(
+        ep: Endpoint,
+        req: &'a RouteRequest,
+        decision: &'a routing::Decision,
+        view: &'a routing::FleetView,
+    ) -> Report<'a> {
+        Report {
+            endpoint: ep.label(),
+            models: &req.models,
+            prompt_tokens: req.prompt_tokens,
+            max_output_tokens: req.max_output_tokens,
+            required_tags: &req.required_tags,
+            pin: req.pin.as_deref(),
+            winner: decision.winner(),
+            ranked: &decision.ranked,
+            affinity: decision.affinity,
+            no_route: decision.no_route,
+            table: decision.explain(req, view),
+        }
+    }
+
+    /// A plain-text table, one line per node and candidate model.
+    pub fn render(&self) -> String {
+        use crate::routing::Verdict;
+        let mut out = format!(
+            "request: {} models={:?} prompt_tokens~{} max_output={:?} tags={:?}\n",
+            self.endpoint,
+            self.models,
+            self.prompt_tokens,
+            self.max_output_tokens,
+            self.required_tags
+        );
+        out.push_str(&format!(
+            "{:<16} {:<22} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} {:>6} {:>5} {:>5}\n",
+            "node",
+            "model",
+            "total",
+            "warm",
+            "fit",
+            "queue",
+            "wait",
+            "role",
+            "avail",
+            "ctx",
+            "sess",
+            "tier",
+            "load"
+        ));
+        for row in &self.table {
+            match row.verdict {
+                Verdict::Eliminated { reason } => {
+                    out.push_str(&format!("{:<16} {:<22} out: {}\n", row.node, row.model, reason.as_str()))
+                }
+                Verdict::Scored { signals: s, total } => out.push_str(&format!(
+                    "{:<16} {:<22} {:>7.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>5.1} {:>6.1} {:>6.1} {:>5.1} {:>5.2}\n",
+                    row.node,
+                    row.model,
+                    total + 0.0,
+                    s.warmth + 0.0,
+                    s.memory_fit + 0.0,
+                    s.queue_depth + 0.0,
+                    s.wait_time + 0.0,
+                    s.role_affinity + 0.0,
+                    s.availability + 0.0,
+                    s.context_fit + 0.0,
+                    s.session_affinity + 0.0,
+                    s.tier + 0.0,
+                    s.load + 0.0
+                )),
+            }
+        }
+        match (self.winner, self.no_route) {
+            (Some(w), _) => out.push_str(&format!(
+                "winner: {} {} score {:.1}{}{}\n",
+                w.node_id,
+                w.model,
+                w.score,
+                if w.fallback { " (fallback)" } else { "" },
+                if w.cold { " (cold load)" } else { "" }
+            )),
+            (None, Some(n)) => out.push_str(&format!("no route: {n:?}\n")),
+            (None, None) => {}
+        }
+        out
+    }
+}
+
+/// Explain a request body for `path` (an API path such as `/v1/chat/completions`).
+pub fn explain_json(
+    fleet: &Fleet,
+    path: &str,
+    headers: &RequestHeader,
+    body: &[u8],
+) -> Result<serde_json::Value, String> {
+    let ep = protocol::detect("POST", path)
+        .ok_or_else(|| format!("not a routed endpoint: POST {path}"))?;
+    let (_, req) = intake::prepare(&fleet.config, ep, body, headers)?;
+    let view = fleet.view();
+    let decision = routing::decide(
+        &req,
+        &view,
+        &fleet.config.routing.policy,
+        fleet,
+        crate::services::now_ms(),
+    );
+    serde_json::to_value(Report::new(ep, &req, &decision, &view)).map_err(|e| e.to_string())
+}
+
+/// Without a path: Ollama's generate when the body has a `prompt`, else OpenAI chat.
+pub fn default_path(body: &[u8]) -> &'static str {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    if v.get("prompt").is_some() && v.get("messages").is_none() {
+        "/api/generate"
+    } else {
+        "/v1/chat/completions"
+    }
+}
+
+async fn explain_default(
+    State(fleet): State<Arc<Fleet>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = default_path(&body);
+    respond(&fleet, path, &headers, &body)
+}
+
+async fn explain_path(
+    State(fleet): State<Arc<Fleet>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    respond(&fleet, &format!("/{path}"), &headers, &body)
+}
+
+fn respond(fleet: &Fleet, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    let mut h = match RequestHeader::build("POST", path.as_bytes(), Some(headers.len())) {
+        Ok(h) => h,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({"error": e.to_string()})),
+            )
+                .into_response()
+        }
+    };
+    for (name, value) in headers {
+        let _ = h.append_header(name.clone(), value.clone());
+    }
+    match explain_json(fleet, path, &h, body) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e})),
+        )
+            .into_response(),
+    }
+}
+
+/// `fleetgate explain`: the decision for `body` on the fleet a config describes (static facts:
+/// the `models:` and `sim:` blocks, no load), as a table or JSON.
+pub fn explain_offline(
+    config: crate::config::Config,
+    path: Option<&str>,
+    body: &[u8],
+    json: bool,
+) -> Result<String, String> {
+    let fleet = Fleet::new(Arc::new(config));
+    let path = path.unwrap_or_else(|| default_path(body));
+    let h = RequestHeader::build("POST", path.as_bytes(), None).map_err(|e| e.to_string())?;
+    let ep = protocol::detect("POST", path)
+        .ok_or_else(|| format!("not a routed endpoint: POST {path}"))?;
+    let (_, req) = intake::prepare(&fleet.config, ep, body, &h)?;
+    let view = fleet.view();
+    let decision = routing::decide(
+        &req,
+        &view,
+        &fleet.config.routing.policy,
+        fleet.as_ref(),
+        crate::services::now_ms(),
+    );
+    let report = Report::new(ep, &req, &decision, &view);
+    if json {
+        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())
+    } else {
+        Ok(report.render())
+    }
+}

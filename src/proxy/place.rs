@@ -1,0 +1,235 @@
+//! Placement: decide (Stage 1-2), wait in the holding queue when nothing survives, then wait
+//! for a seat in the winner's node:model queue (Stage 3). A client that disconnects while
+//! waiting leaves at once and never takes a seat.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pingora::Result;
+use pingora_proxy::Session;
+
+use super::respond;
+use crate::fleet::{Fleet, Lease};
+use crate::metrics::METRICS;
+use crate::protocol::{Endpoint, ErrorCode, ParsedRequest};
+use crate::queue::{Acquire, Waiting, WaitingGuard};
+use crate::routing::{self, AffinityKind, Choice, Decision, NoRoute, RouteRequest};
+use crate::services::now_ms;
+
+/// Where a request will run, with its seat.
+pub struct Placement {
+    pub lease: Lease,
+    /// The node holding the seat first, then same-model runners-up for failover.
+    pub ranked: Vec<Choice>,
+    pub affinity: AffinityKind,
+    pub queue_wait: Duration,
+}
+
+/// How placement ended when it produced no seat.
+pub enum Unplaced {
+    /// An error answer: the code and message to send.
+    Error(ErrorCode, String),
+    /// The client went away while waiting.
+    Gone,
+}
+
+/// Resolves when the client closes its connection (the body is already read).
+async fn client_gone(session: &mut Session) {
+    loop {
+        match session.downstream_session.read_body_or_idle(true).await {
+            Ok(Some(_)) => continue, // pipelined bytes: not a close
+            _ => return,
+        }
+    }
+}
+
+fn no_route_error(
+    no_route: NoRoute,
+    parsed: &ParsedRequest,
+    req: &RouteRequest,
+) -> (ErrorCode, String) {
+    match no_route {
+        NoRoute::ModelNotFound => (
+            ErrorCode::ModelNotFound,
+            format!("model '{}' not found on any node", parsed.model),
+        ),
+        NoRoute::ContextTooLong => (
+            ErrorCode::ContextLengthExceeded,
+            format!(
+                "request needs about {} prompt tokens plus output; no node's context window for '{}' fits",
+                req.prompt_tokens, req.models[0]
+            ),
+        ),
+        NoRoute::PinUnavailable => (
+            ErrorCode::NoProviderAvailable,
+            format!(
+                "pinned node '{}' cannot serve this request now",
+                req.pin.clone().unwrap_or_default()
+            ),
+        ),
+        NoRoute::NoProvider => (
+            ErrorCode::NoProviderAvailable,
+            format!("no node can serve model '{}' right now", req.models[0]),
+        ),
+    }
+}
+
+fn decide(fleet: &Fleet, req: &RouteRequest) -> Decision {
+    let view = fleet.view();
+    routing::decide(req, &view, &fleet.config.routing.policy, fleet, now_ms())
+}
+
+/// Same-model candidates with the node that holds the seat first.
+fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet) -> Vec<Choice> {
+    let mut ranked: Vec<Choice> = decision
+        .ranked
+        .iter()
+        .filter(|c| c.model == model)
+        .cloned()
+        .collect();
+    match ranked.iter().position(|c| c.node == lease_node) {
+        Some(0) => {}
+        Some(i) => {
+            let c = ranked.remove(i);
+            ranked.insert(0, c);
+        }
+        None => ranked.insert(
+            0,
+            Choice {
+                node: lease_node,
+                node_id: fleet.node_config(lease_node).id.clone(),
+                model: model.to_string(),
+                score: 0.0,
+                fallback: decision.ranked.first().is_some_and(|c| c.fallback),
+                cold: false,
+            },
+        ),
+    }
+    ranked
+}
+
+/// Find a node and a seat for the request, waiting as the queues say.
+pub async fn place(
+    fleet: &Arc<Fleet>,
+    session: &mut Session,
+    ep: Endpoint,
+    parsed: &ParsedRequest,
+    req: &RouteRequest,
+) -> Result<std::result::Result<Placement, Unplaced>> {
+    let q = &fleet.config.queue;
+    let started = Instant::now();
+    let hold_deadline = started + Duration::from_secs(q.holding_timeout_s);
+    let mut board: Option<WaitingGuard> = None;
+    let enter = |node: Option<String>| {
+        fleet.board.enter(Waiting {
+            id: crate::queue::next_id(),
+            protocol: ep.label(),
+            model: req.models[0].clone(),
+            node,
+            since: started,
+            waited_ms: 0,
+        })
+    };
+    loop {
+        let changed = fleet.changed.notified();
+        let decision = decide(fleet, req);
+        if let Some(w) = decision.winner().cloned() {
+            crate::metrics::record_decision(&decision, req.pin.is_some());
+            if board.is_some() {
+                METRICS.holding.with_label_values(&["served"]).inc();
+            }
+            let lease = match fleet.acquire(w.node, &w.model) {
+                Acquire::Ready(lease) => lease,
+                Acquire::Wait(mut ticket) => {
+                    let guard = board.take().unwrap_or_else(|| enter(None));
+                    guard.set_node(Some(w.node_id.clone()));
+                    let max_wait = tokio::time::sleep(Duration::from_secs(q.max_wait_s));
+                    tokio::select! {
+                        lease = ticket.granted() => match lease {
+                            Some(lease) => lease,
+                            None => return Ok(Err(Unplaced::Error(ErrorCode::NoProviderAvailable, "seat lost".into()))),
+                        },
+                        _ = client_gone(session) => {
+                            METRICS.queue_aborts.with_label_values(&[&w.node_id, &w.model]).inc();
+                            return Ok(Err(Unplaced::Gone));
+                        }
+                        _ = max_wait => {
+                            return Ok(Err(Unplaced::Error(
+                                ErrorCode::NoProviderAvailable,
+                                format!("no seat on node '{}' for model '{}' within {} s", w.node_id, w.model, q.max_wait_s),
+                            )));
+                        }
+                    }
+                }
+            };
+            let ranked = ranked_for(&decision, lease.node, &w.model, fleet);
+            let queue_wait = started.elapsed();
+            METRICS
+                .queue_wait
+                .with_label_values(&[&ranked[0].node_id, &w.model])
+                .observe(queue_wait.as_secs_f64());
+            return Ok(Ok(Placement {
+                lease,
+                ranked,
+                affinity: decision.affinity,
+                queue_wait,
+            }));
+        }
+        if board.is_none() {
+            crate::metrics::record_decision(&decision, req.pin.is_some());
+        }
+        let no_route = decision.no_route.unwrap_or(NoRoute::NoProvider);
+        let pulling = no_route == NoRoute::ModelNotFound
+            && crate::services::autopull::request(fleet, &req.models[0]);
+        if no_route != NoRoute::NoProvider && !pulling {
+            let (code, msg) = no_route_error(no_route, parsed, req);
+            return Ok(Err(Unplaced::Error(code, msg)));
+        }
+        // Holding queue: nothing can take it now; wait for the fleet to change.
+        if board.is_none() {
+            if fleet.board.holding() >= q.holding_max {
+                METRICS.holding.with_label_values(&["full"]).inc();
+                return Ok(Err(Unplaced::Error(
+                    ErrorCode::QueueFull,
+                    format!(
+                        "the holding queue is full ({} requests waiting)",
+                        q.holding_max
+                    ),
+                )));
+            }
+            board = Some(enter(None));
+        }
+        let now = Instant::now();
+        if now >= hold_deadline {
+            METRICS.holding.with_label_values(&["timeout"]).inc();
+            let (code, msg) = no_route_error(NoRoute::NoProvider, parsed, req);
+            return Ok(Err(Unplaced::Error(
+                code,
+                format!("{msg} (waited {} s)", q.holding_timeout_s),
+            )));
+        }
+        let rescore = Duration::from_millis(q.holding_rescore_ms).min(hold_deadline - now);
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep(rescore) => {}
+            _ = client_gone(session) => {
+                METRICS.holding.with_label_values(&["aborted"]).inc();
+                return Ok(Err(Unplaced::Gone));
+            }
+        }
+    }
+}
+
+/// Answer an unplaced request (or nothing, when the client left).
+pub async fn answer(session: &mut Session, ep: Endpoint, unplaced: Unplaced) -> Result<()> {
+    match unplaced {
+        Unplaced::Gone => {
+            session.set_keepalive(None);
+            Ok(())
+        }
+        Unplaced::Error(code, msg) => {
+            super::handle::record_local(ep.label(), code);
+            respond::error(session, ep.family(), code, &msg).await
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! Stages 3-5 on live simulated nodes: node:model queues, holding queue, client abort,
+//! pre-warm, rebalance, failover, mid-stream failure, auto-pull.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn spec(seats: u32, models: &str) -> String {
+    format!("seats: {seats}\ntokens_per_sec: 1000\nttft_ms: 1\nmemory_gb: 64\nreply_tokens: 4\nmodels:\n{models}")
+}
+
+fn spawn_chat(gw: &Gateway, model: &str) -> tokio::task::JoinHandle<reqwest::Response> {
+    let (url, body) = (gw.url("/v1/chat/completions"), chat(model));
+    tokio::spawn(async move { client().post(url).json(&body).send().await.expect("send") })
+}
+
+async fn waiting(gw: &Gateway) -> usize {
+    admin_json(gw, "/fleet/queue").await["waiting"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+#[test]
+fn ten_requests_on_a_two_seat_node_wait_in_the_gateway() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(2, "  - {name: m:1b, size_gb: 1, loaded: true}\n"),
+    );
+    let gw = Gateway::start(&fleet(&[node("q-a", &a, "      capacity: 2\n")]));
+    rt.block_on(async {
+        a.control().hold_first_token(true);
+        let reqs: Vec<_> = (0..10).map(|_| spawn_chat(&gw, "m:1b")).collect();
+        a.control().wait_parked(2).await;
+        eventually("8 requests waiting in the gateway", || async {
+            waiting(&gw).await == 8
+        })
+        .await;
+        let status = admin_json(&gw, "/fleet/status").await;
+        let m = &status["nodes"][0]["models"][0];
+        assert_eq!(
+            (m["in_flight"].as_u64(), m["pending"].as_u64()),
+            (Some(2), Some(8))
+        );
+        let s = a.control().stats();
+        assert_eq!(
+            (s.in_flight, s.queued),
+            (2, 0),
+            "the node holds exactly its seats, no backlog"
+        );
+        a.control().release();
+        for r in reqs {
+            let r = r.await.unwrap();
+            assert_eq!(r.status(), 200);
+        }
+        assert_eq!(a.control().stats().max_in_flight, 2);
+        assert_eq!(served(&a), 10);
+    });
+}
+
+#[test]
+fn client_that_leaves_the_queue_takes_no_seat() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(1, "  - {name: m:1b, size_gb: 1, loaded: true}\n"),
+    );
+    let gw = Gateway::start(&fleet(&[node("ab-a", &a, "      capacity: 1\n")]));
+    rt.block_on(async {
+        a.control().hold_first_token(true);
+        let first = spawn_chat(&gw, "m:1b");
+        a.control().wait_parked(1).await;
+        let leaver = spawn_chat(&gw, "m:1b");
+        eventually("one request queued", || async { waiting(&gw).await == 1 }).await;
+        leaver.abort(); // the client hangs up while queued
+        eventually("queue empty after the client left", || async {
+            waiting(&gw).await == 0
+        })
+        .await;
+        a.control().release();
+        assert_eq!(first.await.unwrap().status(), 200);
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("m:1b"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let m = &admin_json(&gw, "/fleet/status").await["nodes"][0]["models"][0];
+        assert_eq!(
+            (m["in_flight"].as_u64(), m["pending"].as_u64()),
+            (Some(0), Some(0))
+        );
+    });
+    assert_eq!(
+        served(&a),
+        2,
+        "the request whose client left never reached the node"
+    );
+}
+
+#[test]
+fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(1, "  - {name: m:7b, size_gb: 5, loaded: true}\n"),
+    );
+    let b = sim(
+        &rt,
+        &spec(4, "  - {name: m:7b, size_gb: 5, cold_load_ms: 20}\n"),
+    );
+    let yaml = format!(
+        "queue:\n  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n{}",
+        fleet(&[
+            node("pw-a", &a, "      capacity: 1\n"),
+            node("pw-b", &b, "      capacity: 4\n")
+        ])
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        a.control().hold_first_token(true);
+        let first = spawn_chat(&gw, "m:7b");
+        a.control().wait_parked(1).await;
+        // Five more pile up behind it at pw-a (hot) rather than cold-loading pw-b.
+        let rest: Vec<_> = (0..5).map(|_| spawn_chat(&gw, "m:7b")).collect();
+        // Depth 6 >= 3: pw-b gets one pre-warm load; then 5 waiting >= 4: rebalance moves 3.
+        eventually("three moved requests served by pw-b", || async {
+            served_by(&gw, "pw-b").await == 3
+        })
+        .await;
+        assert_eq!(
+            b.control().stats().loads,
+            vec!["m:7b".to_string()],
+            "exactly one load"
+        );
+        a.control().release();
+        let mut nodes = vec![first.await.unwrap().headers()["x-fleet-node"]
+            .to_str()
+            .unwrap()
+            .to_string()];
+        for r in rest {
+            let r = r.await.unwrap();
+            assert_eq!(r.status(), 200);
+            nodes.push(r.headers()["x-fleet-node"].to_str().unwrap().to_string());
+        }
+        nodes.sort();
+        assert_eq!(nodes, ["pw-a", "pw-a", "pw-a", "pw-b", "pw-b", "pw-b"]);
+        let metrics = client()
+            .get(gw.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains(r#"fleetgate_queue_prewarms_total{model="m:7b",node="pw-b"} 1"#),
+            "{metrics}"
+        );
+        assert!(metrics.contains(
+            r#"fleetgate_queue_rebalance_moves_total{from="pw-a",model="m:7b",to="pw-b"} 3"#
+        ));
+    });
+}
+
+/// Requests a node served, from the gateway's own counter.
+async fn served_by(gw: &Gateway, node: &str) -> u64 {
+    let text = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("fleetgate_proxy_requests_total{")
+                && l.contains(&format!("node=\"{node}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn holding_queue_serves_when_a_node_comes_up() {
+    let rt = runtime();
+    let port = free_port();
+    let yaml = format!(
+        "health:\n  poll_interval_ms: 100\n  failures_before_offline: 1\nfleet:\n  nodes:\n    - id: late\n      url: http://127.0.0.1:{port}\n      backend: sim\n      models:\n        - {{name: m:1b, size_gb: 1}}\n"
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let req = spawn_chat(&gw, "m:1b");
+        eventually("request in the holding queue", || async {
+            admin_json(&gw, "/fleet/queue").await["holding"] == 1
+        })
+        .await;
+        // The node comes up on its port later; the held request is then served.
+        let spec: fleetgate::sim::SimSpec =
+            serde_yaml::from_str(&spec(1, "  - {name: m:1b, size_gb: 1, loaded: true}\n")).unwrap();
+        let node = fleetgate::sim::start_on(spec, format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        let r = req.await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-fleet-node"], "late");
+        let waited: u64 = r.headers()["x-fleet-queue-wait-ms"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(waited > 0);
+        node.shutdown().await;
+    });
+}
+
+#[test]
+fn holding_queue_times_out_with_503_and_is_bounded_with_429() {
+    let rt = runtime();
+    let port = free_port();
+    let yaml = format!(
+        "health:\n  failures_before_offline: 1\nqueue:\n  holding_timeout_s: 1\n  holding_max: 1\nfleet:\n  nodes:\n    - id: never\n      url: http://127.0.0.1:{port}\n      backend: ollama\n      models:\n        - {{name: m:1b, size_gb: 1}}\n"
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let held = spawn_chat(&gw, "m:1b");
+        eventually("one held", || async {
+            admin_json(&gw, "/fleet/queue").await["holding"] == 1
+        })
+        .await;
+        let r = client()
+            .post(gw.url("/api/chat"))
+            .json(&chat("m:1b"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 429);
+        assert!(r.headers().contains_key("retry-after"));
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("holding queue is full"),
+            "{v}"
+        );
+        let started = std::time::Instant::now();
+        let r = held.await.unwrap();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "2");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "no_provider_available");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    });
+}
+
+#[test]
+fn failure_mid_stream_ends_the_stream_with_a_native_error() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(1, "  - {name: m:1b, size_gb: 1, loaded: true}\n"),
+    );
+    let gw = Gateway::start(&fleet(&[node("ms-a", &a, "")]));
+    a.control().set_fault(fleetgate::sim::Fault::DieMidStream);
+    rt.block_on(async {
+        let mut body = chat("m:1b");
+        body["stream"] = json!(true);
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "headers were already sent");
+        let mut text = String::new();
+        let mut r = r;
+        while let Ok(Some(c)) = r.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&c));
+        }
+        assert!(text.starts_with("data: "), "{text}");
+        assert!(!text.contains("[DONE]"));
+        let last = text.trim_end().lines().last().unwrap();
+        let err: Value = serde_json::from_str(last.trim_start_matches("data: ")).unwrap();
+        assert_eq!(err["error"]["code"], "upstream_error", "{text}");
+        // Ollama's NDJSON gets an Ollama-shaped error line.
+        let r = client()
+            .post(gw.url("/api/chat"))
+            .json(&chat("m:1b"))
+            .send()
+            .await
+            .unwrap();
+        let text = r.text().await.unwrap_or_default();
+        let last: Value = serde_json::from_str(text.trim_end().lines().last().unwrap()).unwrap();
+        assert!(
+            last["error"].as_str().unwrap().contains("mid-stream"),
+            "{text}"
+        );
+    });
+    assert_eq!(served(&a), 2, "no retry after bytes were sent");
+}
+
+#[test]
+fn auto_pull_fetches_a_model_no_node_has() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(1, "  - {name: m:1b, size_gb: 1, loaded: true}\n"),
+    );
+    let yaml = format!(
+        "queue:\n  auto_pull: true\n{}",
+        fleet(&[node("ap-a", &a, "")])
+    );
+    let gw = Gateway::start(&yaml);
+    let gw2 = Gateway::start(&fleet(&[node("ap-b", &a, "")]));
+    rt.block_on(async {
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("fresh:1b"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-fleet-served-model"], "fresh:1b");
+        // Off by default: the same request on a gateway without auto_pull is a 404.
+        let r = client()
+            .post(gw2.url("/v1/chat/completions"))
+            .json(&chat("other:1b"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+    });
+    assert_eq!(
+        a.control().stats().by_model.get("fresh:1b"),
+        Some(&2),
+        "one pull, one chat"
+    );
+}

@@ -1,0 +1,317 @@
+//! The routing engine on a live simulated fleet: cases where the naive pick is wrong.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const QUIET: &str = "health:\n  poll_interval_ms: 600000\n";
+
+fn spec(seats: u32, memory_gb: u32, models: &str) -> String {
+    format!("seats: {seats}\ntokens_per_sec: 1000\nttft_ms: 1\nmemory_gb: {memory_gb}\nreply_tokens: 4\nmodels:\n{models}")
+}
+
+fn chat(model: &str, text: &str) -> Value {
+    json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": text}]})
+}
+
+async fn post(gw: &Gateway, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut r = client().post(gw.url("/v1/chat/completions")).json(body);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    r.send().await.expect("send")
+}
+
+fn node_of(r: &reqwest::Response) -> String {
+    r.headers()["x-fleet-node"].to_str().unwrap().to_string()
+}
+
+#[test]
+fn long_prompt_goes_to_the_large_context_node() {
+    let rt = runtime();
+    // The small-window node has more seats: least-loaded routing would pick it.
+    let small = sim(
+        &rt,
+        &spec(
+            8,
+            64,
+            "  - {name: qwen:7b, size_gb: 5, context: 8192, loaded: true}\n",
+        ),
+    );
+    let large = sim(
+        &rt,
+        &spec(
+            1,
+            64,
+            "  - {name: qwen:7b, size_gb: 5, context: 131072, loaded: true}\n",
+        ),
+    );
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[node("ctx-small", &small, ""), node("ctx-large", &large, "")])
+    ));
+    rt.block_on(async {
+        let r = post(&gw, &chat("qwen:7b", &"word ".repeat(8000)), &[]).await; // ~10k tokens
+        assert_eq!(r.status(), 200);
+        assert_eq!(node_of(&r), "ctx-large");
+        // Longer than every window: a clear 400, nothing sent.
+        let r = post(&gw, &chat("qwen:7b", &"word ".repeat(120_000)), &[]).await;
+        assert_eq!(r.status(), 400);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+    });
+    assert_eq!(served(&small), 0);
+    assert_eq!(served(&large), 1);
+}
+
+#[test]
+fn busy_hot_node_loses_to_idle_hot_node() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(2, 64, "  - {name: m:7b, size_gb: 5, loaded: true}\n"),
+    );
+    let b = sim(
+        &rt,
+        &spec(2, 64, "  - {name: m:7b, size_gb: 5, loaded: true}\n"),
+    );
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[node("busy-a", &a, ""), node("busy-b", &b, "")])
+    ));
+    rt.block_on(async {
+        // Equal nodes: the first request goes to busy-a (ties break by node order) and parks.
+        a.control().hold_first_token(true);
+        b.control().hold_first_token(true);
+        let first = tokio::spawn({
+            let url = gw.url("/v1/chat/completions");
+            async move {
+                client()
+                    .post(url)
+                    .json(&chat("m:7b", "one"))
+                    .send()
+                    .await
+                    .unwrap()
+            }
+        });
+        a.control().wait_parked(1).await;
+        b.control().hold_first_token(false);
+        // busy-a now has one in flight: the same hot model on idle busy-b wins.
+        let r = post(&gw, &chat("m:7b", "two"), &[]).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(node_of(&r), "busy-b");
+        a.control().release();
+        let r = first.await.unwrap();
+        assert_eq!(node_of(&r), "busy-a");
+    });
+}
+
+#[test]
+fn small_model_goes_to_the_lighter_node_and_large_to_the_fast_one() {
+    let rt = runtime();
+    let models = "  - {name: small:3b, size_gb: 2, loaded: true}\n  - {name: large:70b, size_gb: 42, loaded: true}\n";
+    let ws = sim(&rt, &spec(4, 512, models));
+    let laptop = sim(&rt, &spec(4, 96, models));
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[
+            node("role-ws", &ws, "      bandwidth_gbps: 800\n"),
+            node("role-laptop", &laptop, "      bandwidth_gbps: 100\n"),
+        ])
+    ));
+    rt.block_on(async {
+        let r = post(&gw, &chat("small:3b", "hi"), &[]).await;
+        assert_eq!(node_of(&r), "role-laptop");
+        let r = post(&gw, &chat("large:70b", "hi"), &[]).await;
+        assert_eq!(node_of(&r), "role-ws");
+    });
+}
+
+#[test]
+fn loaded_fallback_beats_cold_primary_unless_disabled() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(
+            2,
+            256,
+            "  - {name: big:70b, size_gb: 42, cold_load_ms: 50}\n",
+        ),
+    );
+    let b = sim(
+        &rt,
+        &spec(2, 256, "  - {name: mid:32b, size_gb: 20, loaded: true}\n"),
+    );
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[node("fb-a", &a, ""), node("fb-b", &b, "")])
+    ));
+    rt.block_on(async {
+        let mut body = chat("big:70b", "hi");
+        body["fallback_models"] = json!(["mid:32b"]);
+        let r = post(&gw, &body, &[]).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(node_of(&r), "fb-b");
+        assert_eq!(r.headers()["x-fleet-fallback"], "true");
+        assert_eq!(r.headers()["x-fleet-served-model"], "mid:32b");
+        assert_eq!(r.headers()["x-fleet-requested-model"], "big:70b");
+        let r = post(&gw, &body, &[("x-fleet-no-fallback", "1")]).await;
+        let explain: Value = client()
+            .post(gw.admin_url("/fleet/explain"))
+            .header("x-fleet-no-fallback", "1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{explain:#}");
+        assert_eq!(node_of(&r), "fb-a");
+        assert_eq!(r.headers()["x-fleet-fallback"], "false");
+    });
+    assert_eq!(
+        b.control().stats().by_model.get("mid:32b"),
+        Some(&1),
+        "the node saw the fallback's name"
+    );
+}
+
+#[test]
+fn pin_is_strict_and_conversations_stick() {
+    let rt = runtime();
+    let m = "  - {name: m:7b, size_gb: 5, loaded: true}\n";
+    let sims: Vec<_> = (0..3).map(|_| sim(&rt, &spec(4, 64, m))).collect();
+    let nodes: Vec<String> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| node(&format!("pc-{i}"), s, ""))
+        .collect();
+    let gw = Gateway::start(&format!("{QUIET}{}", fleet(&nodes)));
+    rt.block_on(async {
+        let r = post(&gw, &chat("m:7b", "hi"), &[("x-fleet-pin-node", "pc-2")]).await;
+        assert_eq!(node_of(&r), "pc-2");
+        let r = post(&gw, &chat("m:7b", "hi"), &[("x-fleet-pin-node", "nowhere")]).await;
+        assert_eq!(r.status(), 503);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "no_provider_available");
+
+        // The same conversation lands on the same node every turn, and says so.
+        let mut seen = std::collections::BTreeSet::new();
+        for turn in 0..4 {
+            let r = post(
+                &gw,
+                &chat("m:7b", &format!("turn {turn}")),
+                &[("x-fleet-conversation", "chat-42")],
+            )
+            .await;
+            assert_eq!(r.headers()["x-fleet-affinity"], "matched");
+            seen.insert(node_of(&r));
+            r.bytes().await.unwrap();
+        }
+        assert_eq!(
+            seen.len(),
+            1,
+            "one node for the whole conversation: {seen:?}"
+        );
+        // Different conversations spread over the fleet.
+        let mut spread = std::collections::BTreeSet::new();
+        for c in 0..12 {
+            let r = post(
+                &gw,
+                &chat("m:7b", "x"),
+                &[("x-fleet-conversation", &format!("conv-{c}"))],
+            )
+            .await;
+            spread.insert(node_of(&r));
+        }
+        assert!(spread.len() >= 2, "conversations spread: {spread:?}");
+    });
+}
+
+#[test]
+fn images_need_a_vision_node() {
+    let rt = runtime();
+    let m = "  - {name: llava:7b, size_gb: 5, loaded: true}\n";
+    let plain = sim(&rt, &spec(8, 64, m));
+    let vision = sim(&rt, &spec(1, 64, m));
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[
+            node("vi-plain", &plain, ""),
+            node("vi-eyes", &vision, "      tags: [vision]\n")
+        ])
+    ));
+    rt.block_on(async {
+        let body = json!({"model": "llava:7b", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        ]}]});
+        let r = post(&gw, &body, &[]).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(node_of(&r), "vi-eyes");
+    });
+}
+
+#[test]
+fn explain_shows_every_node_and_sends_nothing() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(
+            2,
+            64,
+            "  - {name: m:7b, size_gb: 5, context: 4096, loaded: true}\n",
+        ),
+    );
+    let b = sim(
+        &rt,
+        &spec(2, 64, "  - {name: m:7b, size_gb: 5, context: 65536}\n"),
+    );
+    let c = sim(
+        &rt,
+        &spec(2, 64, "  - {name: other:1b, size_gb: 1, loaded: true}\n"),
+    );
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[
+            node("ex-a", &a, ""),
+            node("ex-b", &b, ""),
+            node("ex-c", &c, "")
+        ])
+    ));
+    rt.block_on(async {
+        let body = json!({"model": "m:7b", "messages": [{"role": "user", "content": "word ".repeat(6000)}]});
+        let v: Value = client()
+            .post(gw.admin_url("/fleet/explain/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let table = v["table"].as_array().unwrap();
+        let row = |n: &str| table.iter().find(|r| r["node"] == n).unwrap().clone();
+        assert_eq!(row("ex-a")["verdict"], "eliminated");
+        assert_eq!(row("ex-a")["reason"], "context");
+        assert_eq!(row("ex-c")["reason"], "model_absent");
+        assert_eq!(row("ex-b")["verdict"], "scored", "{v:#}");
+        assert!(row("ex-b")["signals"]["warmth"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["winner"]["node_id"], "ex-b");
+        assert_eq!(v["winner"]["cold"], true);
+        // Ollama-shaped body on its own path.
+        let v: Value = client()
+            .post(gw.admin_url("/fleet/explain/api/generate"))
+            .json(&json!({"model": "other:1b", "prompt": "hi"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["winner"]["node_id"], "ex-c");
+    });
+    assert_eq!(served(&a) + served(&b) + served(&c), 0);
+}
