@@ -191,9 +191,6 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.errors.clone()))?;
     m.registry
         .register(Box::new(m.access_log_dropped.clone()))?;
-    for reason in ["full", "write_error"] {
-        m.access_log_dropped.with_label_values(&[reason]);
-    }
     m.registry.register(Box::new(m.queue_wait.clone()))?;
     m.registry.register(Box::new(m.pending.clone()))?;
     m.registry.register(Box::new(m.queue_aborts.clone()))?;
@@ -207,6 +204,14 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);
+    // Counters with a fixed label set start as zero-valued series: a dashboard shows 0, not
+    // "No data", until the first event.
+    for reason in ["full", "write_error"] {
+        m.access_log_dropped.with_label_values(&[reason]);
+    }
+    for outcome in ["served", "timeout", "full", "aborted"] {
+        m.holding.with_label_values(&[outcome]);
+    }
     Ok(m)
 }
 
