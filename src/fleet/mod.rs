@@ -136,6 +136,32 @@ impl Fleet {
         changed
     }
 
+    /// The node answered a request for `model` with success: it is loaded there now, whatever
+    /// the last poll said (a cold load just happened). Routing sees it at once, not at the
+    /// next poll, so a burst for a cold model queues at the node that loaded it.
+    pub fn mark_loaded(&self, idx: usize, model: &str) {
+        {
+            let mut live = self.nodes[idx].live.lock();
+            if !live.polled {
+                return;
+            }
+            match live.models.iter_mut().find(|m| m.name == model) {
+                Some(m) if m.loaded => return,
+                Some(m) => {
+                    m.loaded = true;
+                    m.unloaded_at_ms = None;
+                }
+                None => live.models.push(LiveModel {
+                    name: model.to_string(),
+                    loaded: true,
+                    on_disk: true,
+                    ..LiveModel::default()
+                }),
+            }
+        }
+        self.publish();
+    }
+
     /// Rebuild the routing snapshot from config + live state.
     pub fn publish(&self) {
         let nodes = self

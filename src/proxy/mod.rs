@@ -192,6 +192,9 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         let c = d.choice();
+        if c.cold && resp.status.is_success() {
+            self.fleet.mark_loaded(c.node, &c.model);
+        }
         let retries = {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
