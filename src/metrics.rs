@@ -26,6 +26,8 @@ pub const BREAKER_TRANSITIONS_TOTAL: &str = "fleetgate_fleet_breaker_transitions
 pub const HEARTBEATS_TOTAL: &str = "fleetgate_admin_heartbeats_total";
 pub const OUTPUT_TPS: &str = "fleetgate_fleet_output_tokens_per_second";
 pub const CHARS_PER_TOKEN: &str = "fleetgate_fleet_chars_per_token_ratio";
+pub const ERRORS_TOTAL: &str = "fleetgate_proxy_errors_total";
+pub const ACCESS_LOG_DROPPED_TOTAL: &str = "fleetgate_access_log_dropped_total";
 pub const QUEUE_WAIT_SECONDS: &str = "fleetgate_queue_wait_seconds";
 pub const QUEUE_PENDING_REQUESTS: &str = "fleetgate_queue_pending_requests";
 pub const QUEUE_ABORTS_TOTAL: &str = "fleetgate_queue_client_aborts_total";
@@ -64,6 +66,10 @@ pub struct Metrics {
     pub heartbeats: IntCounterVec,
     pub output_tps: GaugeVec,
     pub chars_per_token: GaugeVec,
+    /// Errors the gateway answered itself, by protocol and stable code (`ErrorCode::as_str`).
+    pub errors: IntCounterVec,
+    /// Access-log lines not written: `full` (writer behind) or `write_error`.
+    pub access_log_dropped: IntCounterVec,
     pub queue_wait: HistogramVec,
     pub pending: IntGaugeVec,
     pub queue_aborts: IntCounterVec,
@@ -165,6 +171,20 @@ fn build() -> Result<Metrics, prometheus::Error> {
             opts!(CHARS_PER_TOKEN, "Calibrated prompt characters per token per model"),
             &["model"],
         )?,
+        errors: IntCounterVec::new(
+            opts!(
+                ERRORS_TOTAL,
+                "Errors the gateway answered itself, by protocol and error code"
+            ),
+            &["protocol", "code"],
+        )?,
+        access_log_dropped: IntCounterVec::new(
+            opts!(
+                ACCESS_LOG_DROPPED_TOTAL,
+                "Access-log lines dropped: writer behind (full) or failed (write_error)"
+            ),
+            &["reason"],
+        )?,
         queue_wait: HistogramVec::new(
             histogram_opts!(
                 QUEUE_WAIT_SECONDS,
@@ -241,6 +261,9 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.heartbeats.clone()))?;
     m.registry.register(Box::new(m.output_tps.clone()))?;
     m.registry.register(Box::new(m.chars_per_token.clone()))?;
+    m.registry.register(Box::new(m.errors.clone()))?;
+    m.registry
+        .register(Box::new(m.access_log_dropped.clone()))?;
     m.registry.register(Box::new(m.queue_wait.clone()))?;
     m.registry.register(Box::new(m.pending.clone()))?;
     m.registry.register(Box::new(m.queue_aborts.clone()))?;
@@ -254,11 +277,27 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);
+    // Counters with a fixed label set start as zero-valued series: a dashboard shows 0, not
+    // "No data", until the first event.
+    for reason in ["full", "write_error"] {
+        m.access_log_dropped.with_label_values(&[reason]);
+    }
+    for outcome in ["served", "timeout", "full", "aborted"] {
+        m.holding.with_label_values(&[outcome]);
+    }
     Ok(m)
 }
 
 /// The process-wide metrics. Construction only fails on a duplicate name: a broken invariant.
 pub static METRICS: Lazy<Metrics> = Lazy::new(|| build().expect("metric families are unique"));
+
+/// Create the zero-valued per-node series of counters that only move on trouble, so a
+/// dashboard shows 0 for every configured node rather than "No data".
+pub fn register_nodes<'a>(ids: impl IntoIterator<Item = &'a str>) {
+    for id in ids {
+        METRICS.retries.with_label_values(&[id]);
+    }
+}
 
 /// Prometheus text exposition of every family.
 pub fn encode() -> String {

@@ -12,6 +12,7 @@ use pingora_proxy::http_proxy_service_with_name;
 use crate::admin::AdminService;
 use crate::config::{Backend, Config};
 use crate::fleet::Fleet;
+use crate::proxy::access_log::AccessLog;
 use crate::proxy::Gateway;
 use crate::services::clock::FleetClock;
 use crate::services::health::HealthPoller;
@@ -32,6 +33,8 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("access_log: {0}")]
+    AccessLog(std::io::Error),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -54,6 +57,9 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         Ok(n) => log::info!("capacity learner: restored {n} node(s)"),
         Err(e) => log::warn!("capacity learner: starting fresh: {e}"),
     }
+    let access_log =
+        AccessLog::open(config.access_log.target.as_ref()).map_err(StartError::AccessLog)?;
+    crate::metrics::register_nodes(config.nodes.iter().map(|n| n.id.as_str()));
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -73,7 +79,7 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
 
     let mut proxy = http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(fleet.clone()),
+        Gateway::new(fleet.clone(), access_log),
         "fleetgate",
     );
     proxy.add_tcp(&config.listen.to_string());

@@ -315,3 +315,38 @@ fn explain_shows_every_node_and_sends_nothing() {
     });
     assert_eq!(served(&a) + served(&b) + served(&c), 0);
 }
+
+#[test]
+fn a_cold_load_makes_the_node_hot_at_once() {
+    let rt = runtime();
+    let m = "  - {name: big:32b, size_gb: 20, cold_load_ms: 30}\n";
+    let a = sim(&rt, &spec(2, 128, m));
+    let b = sim(&rt, &spec(2, 128, m));
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[
+            node("cl-a", &a, "      bandwidth_gbps: 100\n"),
+            node("cl-b", &b, "      bandwidth_gbps: 800\n"),
+        ])
+    ));
+    rt.block_on(async {
+        // Cold everywhere, the faster node is preferred for a 20 GB model ...
+        let v: Value = client()
+            .post(gw.admin_url("/fleet/explain"))
+            .json(&chat("big:32b", "x"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["winner"]["node_id"], "cl-b");
+        // ... but once cl-a has loaded it (no poll in between), cl-a is the hot one.
+        let r = post(&gw, &chat("big:32b", "x"), &[("x-fleet-pin-node", "cl-a")]).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let r = post(&gw, &chat("big:32b", "y"), &[]).await;
+        assert_eq!(node_of(&r), "cl-a");
+    });
+    assert_eq!(b.control().stats().loads.len(), 0, "no second cold load");
+}

@@ -30,6 +30,17 @@ pub struct FileConfig {
     pub learning: LearningFile,
     /// Settings of `fleetgate agent` (the gateway ignores them).
     pub agent: Option<AgentFile>,
+    #[serde(default)]
+    pub access_log: AccessLogFile,
+}
+
+/// One JSON line per proxied request, written off the request path.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogFile {
+    pub enabled: bool,
+    /// File to append to; standard output when absent.
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -41,6 +41,7 @@ pub struct Config {
     pub allow_registration: bool,
     /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
     pub agent_token: Option<String>,
+    pub access_log: AccessLog,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +54,18 @@ pub struct Breaker {
 pub struct Learning {
     pub state_dir: Option<std::path::PathBuf>,
     pub save_interval: Duration,
+}
+
+/// Where the access log goes; `None`: no access log.
+#[derive(Debug, Clone, Default)]
+pub struct AccessLog {
+    pub target: Option<AccessLogTarget>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Stdout,
+    File(std::path::PathBuf),
 }
 
 #[derive(Debug, Clone)]
@@ -230,9 +243,20 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    if f.access_log.path.as_deref() == Some("") {
+        errors.push(
+            "field `access_log.path`: empty: expected a file path (or no path for stdout)".into(),
+        );
+    }
     if !errors.is_empty() {
         return Err(ConfigError(errors));
     }
+    let access_log = AccessLog {
+        target: f.access_log.enabled.then(|| match f.access_log.path {
+            Some(p) => AccessLogTarget::File(p.into()),
+            None => AccessLogTarget::Stdout,
+        }),
+    };
     Ok(Config {
         listen,
         admin_listen,
@@ -276,6 +300,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         },
         allow_registration: f.fleet.allow_registration,
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
+        access_log,
     })
 }
 

@@ -159,6 +159,7 @@ impl Fleet {
         if let Some(i) = self.index_of(&cfg.id) {
             return i;
         }
+        crate::metrics::register_nodes([cfg.id.as_str()]);
         let cfg = Arc::new(cfg);
         let mut nodes = Vec::clone(&self.nodes.load());
         nodes.push(Arc::new(new_state(&cfg)));
@@ -221,6 +222,33 @@ impl Fleet {
             self.publish();
         }
         changed
+    }
+
+    /// The node answered a request for `model` with success: it is loaded there now, whatever
+    /// the last poll said (a cold load just happened). Routing sees it at once, not at the
+    /// next poll, so a burst for a cold model queues at the node that loaded it.
+    pub fn mark_loaded(&self, idx: usize, model: &str) {
+        {
+            let node = self.node(idx);
+            let mut live = node.live.lock();
+            if !live.polled {
+                return;
+            }
+            match live.models.iter_mut().find(|m| m.name == model) {
+                Some(m) if m.loaded => return,
+                Some(m) => {
+                    m.loaded = true;
+                    m.unloaded_at_ms = None;
+                }
+                None => live.models.push(LiveModel {
+                    name: model.to_string(),
+                    loaded: true,
+                    on_disk: true,
+                    ..LiveModel::default()
+                }),
+            }
+        }
+        self.publish();
     }
 
     /// Rebuild the routing snapshot from config + live state.

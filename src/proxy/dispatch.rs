@@ -7,7 +7,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::fleet::Lease;
-use crate::protocol::Endpoint;
+use crate::protocol::{Endpoint, ErrorCode};
 use crate::routing::{AffinityKind, Choice};
 
 /// What the client-facing request hands to its subrequest.
@@ -57,6 +57,8 @@ pub struct Attempts {
     pub upstream_error: bool,
     /// Token counting and `usage` of the response body.
     pub observer: super::observe::StreamObserver,
+    /// The error the gateway answered with after the upstream failed.
+    pub code: Option<ErrorCode>,
 }
 
 impl Dispatch {

@@ -6,6 +6,7 @@
 //! The subrequest runs the upstream hooks (`upstream_peer`, failover, response headers) and its
 //! response is piped back to the client unbuffered.
 
+pub mod access_log;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -44,11 +45,12 @@ pub const QUEUE_WAIT_HEADER: &str = "x-fleet-queue-wait-ms";
 
 pub struct Gateway {
     fleet: Arc<Fleet>,
+    access_log: access_log::AccessLog,
 }
 
 impl Gateway {
-    pub fn new(fleet: Arc<Fleet>) -> Gateway {
-        Gateway { fleet }
+    pub fn new(fleet: Arc<Fleet>, access_log: access_log::AccessLog) -> Gateway {
+        Gateway { fleet, access_log }
     }
 }
 
@@ -113,7 +115,7 @@ impl ProxyHttp for Gateway {
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        handle::client_request(&self.fleet, session).await?;
+        handle::client_request(&self.fleet, &self.access_log, session).await?;
         Ok(true)
     }
 
@@ -199,6 +201,9 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         let c = d.choice();
+        if c.cold && resp.status.is_success() {
+            self.fleet.mark_loaded(c.node, &c.model);
+        }
         let retries = {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());

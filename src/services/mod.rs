@@ -16,3 +16,19 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// Routing's ranking for `model` with node `idx` left out: the runner-up to a busy node (the
+/// pre-warm target, the rebalance destinations).
+pub fn decide_elsewhere(
+    fleet: &crate::fleet::Fleet,
+    view: &crate::routing::FleetView,
+    idx: usize,
+    model: &str,
+) -> crate::routing::Decision {
+    let req = crate::routing::RouteRequest {
+        models: vec![model.to_string()],
+        tried: vec![view.nodes[idx].id.clone()],
+        ..Default::default()
+    };
+    crate::routing::decide(&req, view, &fleet.config.routing.policy, fleet, now_ms())
+}

@@ -10,10 +10,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{node_api, now_ms};
+use super::node_api;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::routing::{self, RouteRequest};
 
 pub struct Prewarm {
     fleet: Arc<Fleet>,
@@ -37,18 +36,7 @@ impl Prewarm {
                     continue;
                 }
                 // The runner-up: the best node for this model other than the busy one.
-                let req = RouteRequest {
-                    models: vec![model.clone()],
-                    tried: vec![view.nodes[idx].id.clone()],
-                    ..RouteRequest::default()
-                };
-                let decision = routing::decide(
-                    &req,
-                    &view,
-                    &fleet.config.routing.policy,
-                    fleet.as_ref(),
-                    now_ms(),
-                );
+                let decision = super::decide_elsewhere(fleet, &view, idx, &model);
                 let Some(runner_up) = decision.winner() else {
                     continue;
                 };

@@ -11,11 +11,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::now_ms;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::queue;
-use crate::routing::{self, RouteRequest};
 
 pub struct Rebalance {
     fleet: Arc<Fleet>,
@@ -39,18 +37,7 @@ impl Rebalance {
                 {
                     continue;
                 }
-                let req = RouteRequest {
-                    models: vec![model.clone()],
-                    tried: vec![view.nodes[idx].id.clone()],
-                    ..RouteRequest::default()
-                };
-                let decision = routing::decide(
-                    &req,
-                    &view,
-                    &fleet.config.routing.policy,
-                    fleet.as_ref(),
-                    now_ms(),
-                );
+                let decision = super::decide_elsewhere(fleet, &view, idx, &model);
                 for target in decision
                     .ranked
                     .iter()

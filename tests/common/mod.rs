@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod simnode;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,0 +1,576 @@
+//! Shared by tests/observability.rs and tests/prometheus.rs: the shipped dashboard and its
+//! queries, a Prometheus text-exposition reader, the names in src/metrics.rs, and a fleet +
+//! traffic mix that makes every exported family appear (success, SSE stream, NDJSON stream,
+//! Anthropic, a 404, and a connect failure that is retried and ends in a 503).
+//!
+//! The query checks are generic: they walk every panel (rows and collapsed rows included)
+//! and every templating query, so panels added later are covered without touching the tests.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use fleetgate::sim::{Fault, SimHandle};
+use serde_json::{json, Value};
+use tokio::runtime::Runtime;
+
+use crate::common::{client, fleet, node, sim, Gateway};
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+pub const DASHBOARD: &str = "grafana/dashboards/fleetgate.json";
+
+pub fn dashboard() -> Value {
+    let path = repo_path(DASHBOARD);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{DASHBOARD}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{DASHBOARD} is not JSON: {e}"))
+}
+
+/// One PromQL expression of the dashboard and where it sits (for messages).
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub at: String,
+    pub expr: String,
+}
+
+/// Every panel, depth first, including panels nested in (collapsed) rows.
+pub fn all_panels(dash: &Value) -> Vec<&Value> {
+    fn walk<'a>(panels: &'a Value, out: &mut Vec<&'a Value>) {
+        for p in panels.as_array().into_iter().flatten() {
+            out.push(p);
+            walk(&p["panels"], out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dash["panels"], &mut out);
+    out
+}
+
+/// Every PromQL expression: panel targets, and templating variables' queries (a Grafana
+/// `label_values(EXPR, label)` / `query_result(EXPR)` is reduced to its EXPR).
+pub fn queries(dash: &Value) -> Vec<Query> {
+    let mut out = Vec::new();
+    for p in all_panels(dash) {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = t["expr"].as_str() {
+                out.push(Query {
+                    at: format!(
+                        "panel {} {:?} target {}",
+                        p["id"],
+                        p["title"].as_str().unwrap_or(""),
+                        t["refId"].as_str().unwrap_or("?")
+                    ),
+                    expr: expr.to_string(),
+                });
+            }
+        }
+    }
+    for v in dash["templating"]["list"].as_array().into_iter().flatten() {
+        if v["type"] != "query" {
+            continue;
+        }
+        let q = v["query"]["query"]
+            .as_str()
+            .or_else(|| v["query"].as_str())
+            .or_else(|| v["definition"].as_str())
+            .unwrap_or("");
+        out.push(Query {
+            at: format!("variable ${}", v["name"].as_str().unwrap_or("?")),
+            expr: variable_expr(q).0,
+        });
+    }
+    out
+}
+
+/// `label_values(EXPR, label)` -> (EXPR, Some(label)); `query_result(EXPR)` -> (EXPR, None).
+pub fn variable_expr(q: &str) -> (String, Option<String>) {
+    let q = q.trim();
+    for f in ["label_values(", "query_result("] {
+        if let Some(inner) = q.strip_prefix(f).and_then(|r| r.strip_suffix(')')) {
+            return match inner.rsplit_once(',') {
+                Some((e, l)) if f == "label_values(" && !l.contains('}') => {
+                    (e.trim().to_string(), Some(l.trim().to_string()))
+                }
+                _ => (inner.trim().to_string(), None),
+            };
+        }
+    }
+    (q.to_string(), None)
+}
+
+/// Replace Grafana's variables with what they expand to when "All" is selected.
+pub fn expand_variables(expr: &str, rate_interval: &str) -> String {
+    expr.replace("$__rate_interval", rate_interval)
+        .replace("$__interval", rate_interval)
+        .replace("${node}", ".*")
+        .replace("$node", ".*")
+        .replace("${model}", ".*")
+        .replace("$model", ".*")
+}
+
+/// What a PromQL expression refers to: metric names, label names in selectors per metric,
+/// and label names of grouping clauses (`by`, `without`, `on`, `ignoring`, `group_*`).
+#[derive(Debug, Default)]
+pub struct Refs {
+    pub metrics: BTreeSet<String>,
+    pub selector_labels: Vec<(String, String)>,
+    pub grouping_labels: BTreeSet<String>,
+}
+
+const GROUPING: [&str; 6] = [
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
+/// A small PromQL scanner: identifiers outside string literals, `{...}` after a metric name,
+/// and parenthesised label lists after grouping keywords.
+pub fn refs(expr: &str) -> Refs {
+    let b = expr.as_bytes();
+    let mut r = Refs::default();
+    let mut i = 0;
+    let ident_start = |c: u8| c.is_ascii_alphabetic() || c == b'_' || c == b':';
+    let ident_char = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+    let skip_ws = |mut j: usize| {
+        while j < b.len() && b[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        j
+    };
+    while i < b.len() {
+        let c = b[i];
+        if c == b'"' || c == b'\'' || c == b'`' {
+            i = skip_string(b, i);
+            continue;
+        }
+        if c == b'[' {
+            // Range durations such as [5m] hold no names.
+            while i < b.len() && b[i] != b']' {
+                i += 1;
+            }
+            continue;
+        }
+        if !ident_start(c) || (i > 0 && (ident_char(b[i - 1]) || b[i - 1] == b'$')) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && ident_char(b[i]) {
+            i += 1;
+        }
+        let word = &expr[start..i];
+        let j = skip_ws(i);
+        if word.starts_with("fleetgate_") {
+            r.metrics.insert(word.to_string());
+            if j < b.len() && b[j] == b'{' {
+                let (labels, end) = selector_labels(expr, j);
+                for l in labels {
+                    r.selector_labels.push((word.to_string(), l));
+                }
+                i = end;
+            }
+        } else if GROUPING.contains(&word) && j < b.len() && b[j] == b'(' {
+            let end = expr[j..].find(')').map_or(b.len(), |k| j + k);
+            for l in expr[j + 1..end].split(',') {
+                let l = l.trim();
+                if !l.is_empty() {
+                    r.grouping_labels.insert(l.to_string());
+                }
+            }
+            i = end;
+        }
+    }
+    r
+}
+
+fn skip_string(b: &[u8], start: usize) -> usize {
+    let q = b[start];
+    let mut i = start + 1;
+    while i < b.len() && b[i] != q {
+        if b[i] == b'\\' {
+            i += 1;
+        }
+        i += 1;
+    }
+    i + 1
+}
+
+/// Label names of the matchers in the `{...}` starting at `open`; returns them and the index
+/// after the closing brace.
+fn selector_labels(expr: &str, open: usize) -> (Vec<String>, usize) {
+    let b = expr.as_bytes();
+    let mut labels = Vec::new();
+    let mut i = open + 1;
+    let mut name = String::new();
+    while i < b.len() && b[i] != b'}' {
+        let c = b[i];
+        if c == b'"' || c == b'\'' || c == b'`' {
+            i = skip_string(b, i);
+            continue;
+        }
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            name.push(c as char);
+        } else if matches!(c, b'=' | b'!') && !name.is_empty() {
+            labels.push(std::mem::take(&mut name));
+        } else if c != b'~' && !c.is_ascii_whitespace() {
+            name.clear();
+        }
+        i += 1;
+    }
+    (labels, i + 1)
+}
+
+/// A parsed `/metrics` scrape.
+#[derive(Debug, Default)]
+pub struct Scrape {
+    /// Family name -> `# TYPE` (counter, gauge, histogram ...).
+    pub types: BTreeMap<String, String>,
+    /// Sample name (with `_bucket` / `_count` / `_sum`) -> label names seen on it.
+    pub samples: BTreeMap<String, BTreeSet<String>>,
+    pub text: String,
+}
+
+pub fn parse_exposition(text: &str) -> Scrape {
+    let mut s = Scrape {
+        text: text.to_string(),
+        ..Scrape::default()
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            if let (Some(n), Some(t)) = (it.next(), it.next()) {
+                s.types.insert(n.to_string(), t.to_string());
+            }
+            continue;
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        let labels = s.samples.entry(name.to_string()).or_default();
+        if line[name_end..].starts_with('{') {
+            let (names, _) = selector_labels(line, name_end);
+            labels.extend(names);
+        }
+    }
+    s
+}
+
+impl Scrape {
+    /// The family a sample name belongs to: histogram/summary suffixes stripped only when the
+    /// stripped name is declared as such.
+    pub fn family_of(&self, sample: &str) -> String {
+        for suffix in ["_bucket", "_count", "_sum"] {
+            if let Some(base) = sample.strip_suffix(suffix) {
+                match self.types.get(base).map(String::as_str) {
+                    Some("histogram") => return base.to_string(),
+                    Some("summary") if suffix != "_bucket" => return base.to_string(),
+                    _ => {}
+                }
+            }
+        }
+        sample.to_string()
+    }
+}
+
+/// Every `"fleetgate_..."` string literal in src/metrics.rs: the metric names it defines.
+pub fn metrics_rs_names() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo_path("src/metrics.rs")).expect("src/metrics.rs");
+    text.split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.starts_with("fleetgate_")
+                && s.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Everything wrong with `dash`'s queries against a scrape and the names in metrics.rs.
+pub fn query_problems(dash: &Value, scrape: &Scrape, defined: &BTreeSet<String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for q in queries(dash) {
+        let r = refs(&q.expr);
+        if r.metrics.is_empty() {
+            problems.push(format!("{}: no fleetgate_ metric in {:?}", q.at, q.expr));
+        }
+        for m in &r.metrics {
+            let family = scrape.family_of(m);
+            if !scrape.samples.contains_key(m) {
+                let hint = if scrape.types.get(m).is_some_and(|t| t == "histogram") {
+                    " (a histogram: query its _bucket, _count or _sum series)"
+                } else {
+                    " (misspelt, or the test traffic does not exercise it)"
+                };
+                problems.push(format!(
+                    "{}: `{m}` is not exported by a running gateway{hint}",
+                    q.at
+                ));
+            }
+            if !defined.contains(&family) {
+                problems.push(format!(
+                    "{}: `{family}` is not a name defined in src/metrics.rs",
+                    q.at
+                ));
+            }
+        }
+        for (m, label) in &r.selector_labels {
+            let known = scrape.samples.get(m);
+            if known.is_some_and(|ls| !ls.contains(label)) {
+                problems.push(format!(
+                    "{}: `{m}` has no label `{label}` (it has {:?})",
+                    q.at,
+                    known.into_iter().flatten().collect::<Vec<_>>()
+                ));
+            }
+        }
+        let all_labels: BTreeSet<&String> = r
+            .metrics
+            .iter()
+            .filter_map(|m| scrape.samples.get(m))
+            .flatten()
+            .collect();
+        for l in &r.grouping_labels {
+            if !all_labels.contains(l) && !all_labels.is_empty() {
+                problems.push(format!(
+                    "{}: groups by `{l}`, a label none of {:?} has",
+                    q.at, r.metrics
+                ));
+            }
+        }
+        if let Some(l) = variable_label(dash, &q) {
+            if !all_labels.contains(&l) {
+                problems.push(format!("{}: label_values of missing label `{l}`", q.at));
+            }
+        }
+    }
+    problems
+}
+
+fn variable_label(dash: &Value, q: &Query) -> Option<String> {
+    let name = q.at.strip_prefix("variable $")?;
+    let v = dash["templating"]["list"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == name)?;
+    let text = v["query"]["query"]
+        .as_str()
+        .or_else(|| v["query"].as_str())
+        .or_else(|| v["definition"].as_str())?;
+    variable_expr(text).1
+}
+
+// ---- the fleet and the traffic -------------------------------------------------------------
+
+const FAST: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 30\nmemory_gb: 64\nreply_tokens: 8\n";
+
+/// Only the startup poll: no poll changes state during a test.
+const QUIET: &str = "health:\n  poll_interval_ms: 600000\n";
+
+/// Two healthy nodes serving `alpha:1b` (alias `gpt-test`), two that serve `gamma:1b` and
+/// refuse connections after the startup poll (so a request for it is retried, then 503).
+pub struct ObservedFleet {
+    pub gw: Gateway,
+    pub sims: Vec<SimHandle>,
+}
+
+impl ObservedFleet {
+    pub fn start(rt: &Runtime, extra_yaml: &str) -> ObservedFleet {
+        let alpha = "models:\n  - {name: alpha:1b, size_gb: 1, loaded: true}\n";
+        let gamma = "models:\n  - {name: gamma:1b, size_gb: 1, loaded: true}\n";
+        let sims: Vec<SimHandle> = [alpha, alpha, gamma, gamma]
+            .iter()
+            .map(|m| sim(rt, &format!("{FAST}{m}")))
+            .collect();
+        let nodes: Vec<String> = ["ob-a", "ob-b", "ob-dead1", "ob-dead2"]
+            .iter()
+            .zip(&sims)
+            .map(|(id, s)| node(id, s, ""))
+            .collect();
+        let yaml = format!(
+            "{QUIET}models:\n  aliases:\n    gpt-test: alpha:1b\n{extra_yaml}{}",
+            fleet(&nodes)
+        );
+        let gw = Gateway::start(&yaml);
+        sims[2].control().set_fault(Fault::Refuse);
+        sims[3].control().set_fault(Fault::Refuse);
+        ObservedFleet { gw, sims }
+    }
+}
+
+/// What a traffic round sent, by outcome.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Sent {
+    pub ok: u64,
+    pub not_found: u64,
+    pub unavailable: u64,
+}
+
+impl Sent {
+    pub fn total(&self) -> u64 {
+        self.ok + self.not_found + self.unavailable
+    }
+    pub fn add(&mut self, o: Sent) {
+        self.ok += o.ok;
+        self.not_found += o.not_found;
+        self.unavailable += o.unavailable;
+    }
+}
+
+pub fn chat(model: &str, text: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": text}]})
+}
+
+/// One of each: OpenAI chat, OpenAI SSE stream, Ollama NDJSON stream, Anthropic messages,
+/// an unknown model (404), a model only on refusing nodes (one retry, then 503).
+pub async fn mixed_round(gw: &Gateway) -> Sent {
+    let c = client();
+    let mut sent = Sent::default();
+    let mut stream = chat("alpha:1b", "stream please");
+    stream["stream"] = json!(true);
+    let anthropic = json!({"model": "alpha:1b", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}]});
+    for (path, body) in [
+        ("/v1/chat/completions", chat("gpt-test", "hello")),
+        ("/v1/chat/completions", stream),
+        ("/api/chat", chat("alpha:1b", "hi")),
+        ("/v1/messages", anthropic),
+    ] {
+        let r = c.post(gw.url(path)).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.bytes().await.unwrap();
+        sent.ok += 1;
+    }
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat("nope:1b", "hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    r.bytes().await.unwrap();
+    sent.not_found += 1;
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat("gamma:1b", "hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "both gamma nodes refuse connections");
+    r.bytes().await.unwrap();
+    sent.unavailable += 1;
+    sent
+}
+
+/// `n` plain OpenAI chats that succeed.
+pub async fn chats(gw: &Gateway, n: u64) -> Sent {
+    let c = client();
+    for i in 0..n {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("alpha:1b", &format!("request {i}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    Sent {
+        ok: n,
+        ..Sent::default()
+    }
+}
+
+pub async fn scrape(gw: &Gateway) -> Scrape {
+    let text = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    parse_exposition(&text)
+}
+
+/// A scrape once everything `sent` is accounted: a request is recorded just after its last
+/// byte is written, so the client can be a moment ahead of `/metrics`. Bounded wait.
+pub async fn settled_scrape(gw: &Gateway, sent: Sent) -> Scrape {
+    let want = [
+        ("fleetgate_proxy_requests_total", sent.total()),
+        (
+            "fleetgate_proxy_errors_total",
+            sent.not_found + sent.unavailable,
+        ),
+        (
+            "fleetgate_proxy_request_duration_seconds_count",
+            sent.ok + sent.unavailable,
+        ),
+        ("fleetgate_proxy_time_to_first_token_seconds_count", sent.ok),
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = scrape(gw).await;
+        let off: Vec<_> = want
+            .iter()
+            .filter(|(name, n)| sum(&s, name) != *n as f64)
+            .collect();
+        if off.is_empty() {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not accounted: {off:?}\n{}",
+            s.text
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Sum of every sample of `name` in a scrape.
+pub fn sum(scrape: &Scrape, name: &str) -> f64 {
+    scrape
+        .text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A directory under the system temp dir, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("fleetgate-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
