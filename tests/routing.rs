@@ -350,3 +350,33 @@ fn a_cold_load_makes_the_node_hot_at_once() {
     });
     assert_eq!(b.control().stats().loads.len(), 0, "no second cold load");
 }
+
+#[test]
+fn replicas_agree_on_conversation_affinity_without_shared_state() {
+    let rt = runtime();
+    let m = "  - {name: m:7b, size_gb: 5, loaded: true}\n";
+    let sims: Vec<_> = (0..4).map(|_| sim(&rt, &spec(4, 64, m))).collect();
+    let nodes: Vec<String> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| node(&format!("rep-{i}"), s, ""))
+        .collect();
+    let yaml = format!("{QUIET}{}", fleet(&nodes));
+    let (one, two) = (Gateway::start(&yaml), Gateway::start(&yaml));
+    rt.block_on(async {
+        for c in 0..8 {
+            let tag = format!("conversation-{c}");
+            let h = [
+                ("x-fleet-conversation", tag.as_str()),
+                ("authorization", "Bearer team-a"),
+            ];
+            let a = post(&one, &chat("m:7b", "x"), &h).await;
+            let b = post(&two, &chat("m:7b", "x"), &h).await;
+            assert_eq!(
+                node_of(&a),
+                node_of(&b),
+                "{tag}: both replicas pick the same node"
+            );
+        }
+    });
+}
