@@ -38,11 +38,16 @@ pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
 pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
 pub const ELIMINATIONS_TOTAL: &str = "fleetgate_routing_eliminations_total";
 pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
+pub const TOKENS_TOTAL: &str = "fleetgate_proxy_tokens_total";
+pub const TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "fleetgate_proxy_time_per_output_token_seconds";
+pub const CONFIG_RELOADS_TOTAL: &str = "fleetgate_config_reloads_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
+/// Time per output token: 1 ms (fast GPU) to 1 s (a 70B model on a laptop).
+const TPOT_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const TTFT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -80,6 +85,9 @@ pub struct Metrics {
     pub pulls: IntCounterVec,
     pub eliminations: IntCounterVec,
     pub decisions: IntCounterVec,
+    pub tokens: IntCounterVec,
+    pub tpot: HistogramVec,
+    pub config_reloads: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -241,6 +249,22 @@ fn build() -> Result<Metrics, prometheus::Error> {
             ),
             &["kind"],
         )?,
+        tokens: IntCounterVec::new(
+            opts!(TOKENS_TOTAL, "Tokens by node:model and direction (in: prompt, out: generated), from usage or counted chunks"),
+            &["node", "model", "direction"],
+        )?,
+        tpot: HistogramVec::new(
+            histogram_opts!(
+                TIME_PER_OUTPUT_TOKEN_SECONDS,
+                "Decode time per output token after the first",
+                TPOT_BUCKETS.to_vec()
+            ),
+            &["node", "model"],
+        )?,
+        config_reloads: IntCounterVec::new(
+            opts!(CONFIG_RELOADS_TOTAL, "Config reloads by result (ok, error)"),
+            &["result"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -274,6 +298,12 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.pulls.clone()))?;
     m.registry.register(Box::new(m.eliminations.clone()))?;
     m.registry.register(Box::new(m.decisions.clone()))?;
+    m.registry.register(Box::new(m.tokens.clone()))?;
+    m.registry.register(Box::new(m.tpot.clone()))?;
+    m.registry.register(Box::new(m.config_reloads.clone()))?;
+    for result in ["ok", "error"] {
+        m.config_reloads.with_label_values(&[result]).inc_by(0);
+    }
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);

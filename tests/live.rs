@@ -568,6 +568,22 @@ fn observed_tokens_per_second_ttft_and_calibration() {
         assert_eq!(cpt[0], "m:1b");
         let v = cpt[1].as_f64().unwrap();
         assert!(v > 3.3 && v <= 4.0, "3 -> 3.2 -> 3.36: {cpt}");
+        // Tokens in and out, and the decode time per token, as Prometheus sees them.
+        let text = client()
+            .get(gw.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let out = r#"fleetgate_proxy_tokens_total{direction="out",model="m:1b",node="ob-a"} 40"#;
+        assert!(text.contains(out), "two replies of 20 tokens: {text}");
+        let prompt = r#"fleetgate_proxy_tokens_total{direction="in",model="m:1b",node="ob-a"}"#;
+        assert!(text.contains(prompt), "{text}");
+        let tpot =
+            r#"fleetgate_proxy_time_per_output_token_seconds_count{model="m:1b",node="ob-a"} 2"#;
+        assert!(text.contains(tpot), "{text}");
     });
 }
 

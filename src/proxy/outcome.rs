@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::dispatch::Dispatch;
 use crate::fleet::{Fleet, Outcome};
+use crate::metrics::METRICS;
 use crate::services::now_ms;
 
 /// The part of the prompt estimate that does not depend on chars-per-token.
@@ -61,6 +62,13 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
     if let Some(fb) = first_byte {
         counters.observe_ttft(fb.duration_since(d.started).as_secs_f64() * 1000.0);
     }
+    let labels = [c.node_id.as_str(), c.model.as_str()];
+    if let Some(tokens) = observed.output_tokens() {
+        METRICS
+            .tokens
+            .with_label_values(&[labels[0], labels[1], "out"])
+            .inc_by(u64::from(tokens));
+    }
     if let Some(tokens) = observed.output_tokens().filter(|t| *t >= 2) {
         let secs = match (observed.eval_duration_ns, first_byte) {
             (Some(ns), _) if ns > 0 => ns as f64 / 1e9,
@@ -69,9 +77,17 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         };
         if secs >= 0.001 {
             counters.observe_tps(f64::from(tokens) / secs);
+            METRICS
+                .tpot
+                .with_label_values(&labels)
+                .observe(secs / f64::from(tokens));
         }
     }
     if let Some(pt) = observed.prompt_tokens {
+        METRICS
+            .tokens
+            .with_label_values(&[labels[0], labels[1], "in"])
+            .inc_by(u64::from(pt));
         let default = fleet.config.routing.chars_per_token;
         fleet
             .calibration
