@@ -124,7 +124,8 @@ fn every_dashboard_query_uses_series_a_running_gateway_exports() {
     let rt = runtime();
     let f = ObservedFleet::start(&rt, "");
     let scrape = rt.block_on(async {
-        let sent = mixed_round(&f.gw).await;
+        let mut sent = mixed_round(&f.gw).await;
+        sent.add(fleet_events(&f).await);
         settled_scrape(&f.gw, sent).await
     });
     let dash = dashboard();

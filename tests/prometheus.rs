@@ -225,8 +225,10 @@ fn real_prometheus_sees_the_requests_and_latency_and_every_dashboard_query() {
             .await;
         println!("up{{job=\"fleetgate\"}} = {up} after {:?}", begun.elapsed());
 
-        // Round 1 makes every series exist; round 2 (and 40 chats) moves every one of them.
+        // Round 1 and the fleet events make every series exist; round 2 (and 40 chats) moves
+        // the traffic series again.
         let mut sent = mixed_round(&f.gw).await;
+        sent.add(fleet_events(&f).await);
         let first = sent.total() as f64;
         prom.eventually("round 1 is scraped", || async {
             prom.value("sum(fleetgate_proxy_requests_total)")
@@ -237,11 +239,7 @@ fn real_prometheus_sees_the_requests_and_latency_and_every_dashboard_query() {
         sent.add(mixed_round(&f.gw).await);
         sent.add(chats(&f.gw, 40).await);
 
-        let (total, ok, routed) = (
-            sent.total() as f64,
-            sent.ok as f64,
-            (sent.ok + sent.unavailable) as f64,
-        );
+        let (total, ok, routed) = (sent.total() as f64, sent.ok as f64, sent.routed() as f64);
         let counted = prom
             .eventually("every request is counted", || async {
                 prom.value("sum(fleetgate_proxy_requests_total)")

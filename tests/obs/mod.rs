@@ -1,7 +1,9 @@
 //! Shared by tests/observability.rs and tests/prometheus.rs: the shipped dashboard and its
 //! queries, a Prometheus text-exposition reader, the names in src/metrics.rs, and a fleet +
-//! traffic mix that makes every exported family appear (success, SSE stream, NDJSON stream,
-//! Anthropic, a 404, and a connect failure that is retried and ends in a 503).
+//! traffic mix that makes every exported family appear: `mixed_round` (success, SSE stream,
+//! NDJSON stream, Anthropic, a 404 after a failed auto-pull, and a connect failure that is
+//! retried and ends in a 503) and `fleet_events` (heartbeats, a pause, a breaker opening, a
+//! queue abort, a pre-warm and rebalance moves, a calibration sample).
 //!
 //! The query checks are generic: they walk every panel (rows and collapsed rows included)
 //! and every templating query, so panels added later are covered without touching the tests.
@@ -15,7 +17,7 @@ use fleetgate::sim::{Fault, SimHandle};
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::common::{client, fleet, node, sim, Gateway};
+use crate::common::{admin_json, client, eventually, fleet, node, sim, Gateway};
 
 pub fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -376,8 +378,21 @@ const FAST: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 30\nmemory_gb: 64\n
 /// Only the startup poll: no poll changes state during a test.
 const QUIET: &str = "health:\n  poll_interval_ms: 600000\n";
 
-/// Two healthy nodes serving `alpha:1b` (alias `gpt-test`), two that serve `gamma:1b` and
-/// refuse connections after the startup poll (so a request for it is retried, then 503).
+/// The admin token of the observed gateway (pause, heartbeats).
+pub const ADMIN_TOKEN: &str = "obs-admin-token";
+
+/// Consecutive 5xx answers that open a node:model breaker (set in the config below).
+pub const BREAKER_THRESHOLD: u64 = 5;
+
+/// The fleet behind every dashboard test:
+/// - `ob-a`, `ob-b` serve `alpha:1b` (alias `gpt-test`);
+/// - `ob-dead1`, `ob-dead2` serve `gamma:1b` and refuse connections after the startup poll
+///   (a request for it is retried, then 503). `ob-dead1` has the most memory, so auto-pull
+///   picks it for a model no node has, and that pull fails: the request is still a 404;
+/// - `ob-flaky` answers 500 for `delta:1b` (its breaker opens in [`fleet_events`]);
+/// - `ob-q1` (1 seat, `q:7b` loaded) and `ob-q2` (4 seats, `q:7b` on disk): requests queue
+///   at `ob-q1`, `ob-q2` is pre-warmed and waiting requests are rebalanced to it;
+/// - `ob-learner`: a capacity-learning node that gets an agent heartbeat and is paused.
 pub struct ObservedFleet {
     pub gw: Gateway,
     pub sims: Vec<SimHandle>,
@@ -385,25 +400,65 @@ pub struct ObservedFleet {
 
 impl ObservedFleet {
     pub fn start(rt: &Runtime, extra_yaml: &str) -> ObservedFleet {
-        let alpha = "models:\n  - {name: alpha:1b, size_gb: 1, loaded: true}\n";
-        let gamma = "models:\n  - {name: gamma:1b, size_gb: 1, loaded: true}\n";
-        let sims: Vec<SimHandle> = [alpha, alpha, gamma, gamma]
-            .iter()
-            .map(|m| sim(rt, &format!("{FAST}{m}")))
-            .collect();
-        let nodes: Vec<String> = ["ob-a", "ob-b", "ob-dead1", "ob-dead2"]
+        let one = |m: &str| format!("models:\n  - {{name: {m}, size_gb: 1, loaded: true}}\n");
+        let q1 = "seats: 1\ntokens_per_sec: 1000\nttft_ms: 30\nmemory_gb: 64\nreply_tokens: 8\n\
+                  models:\n  - {name: q:7b, size_gb: 5, loaded: true}\n";
+        let q2 = format!("{FAST}models:\n  - {{name: q:7b, size_gb: 5, cold_load_ms: 20}}\n");
+        let members: [(&str, String, &str); 8] = [
+            ("ob-a", format!("{FAST}{}", one("alpha:1b")), ""),
+            ("ob-b", format!("{FAST}{}", one("alpha:1b")), ""),
+            (
+                "ob-dead1",
+                format!("{FAST}{}", one("gamma:1b")),
+                "      memory_gb: 128\n",
+            ),
+            ("ob-dead2", format!("{FAST}{}", one("gamma:1b")), ""),
+            ("ob-flaky", format!("{FAST}{}", one("delta:1b")), ""),
+            ("ob-q1", q1.to_string(), "      capacity: 1\n"),
+            ("ob-q2", q2, "      capacity: 4\n"),
+            (
+                "ob-learner",
+                format!("{FAST}{}", one("idle:1b")),
+                "      learning: true\n",
+            ),
+        ];
+        let sims: Vec<SimHandle> = members.iter().map(|(_, spec, _)| sim(rt, spec)).collect();
+        let nodes: Vec<String> = members
             .iter()
             .zip(&sims)
-            .map(|(id, s)| node(id, s, ""))
+            .map(|((id, _, extra), s)| node(id, s, extra))
             .collect();
         let yaml = format!(
-            "{QUIET}models:\n  aliases:\n    gpt-test: alpha:1b\n{extra_yaml}{}",
+            "  admin_token: {ADMIN_TOKEN}\n{QUIET}\
+             breaker:\n  failure_threshold: {BREAKER_THRESHOLD}\n  cooldown_s: 600\n\
+             queue:\n  auto_pull: true\n  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n\
+             models:\n  aliases:\n    gpt-test: alpha:1b\n{extra_yaml}{}",
             fleet(&nodes)
         );
         let gw = Gateway::start(&yaml);
-        sims[2].control().set_fault(Fault::Refuse);
-        sims[3].control().set_fault(Fault::Refuse);
+        for dead in &sims[2..4] {
+            dead.control().set_fault(Fault::Refuse);
+        }
+        sims[4].control().set_fault(Fault::Status500);
         ObservedFleet { gw, sims }
+    }
+
+    pub fn sim(&self, id: &str) -> &SimHandle {
+        let ids = [
+            "ob-a",
+            "ob-b",
+            "ob-dead1",
+            "ob-dead2",
+            "ob-flaky",
+            "ob-q1",
+            "ob-q2",
+            "ob-learner",
+        ];
+        let i = ids
+            .iter()
+            .position(|n| *n == id)
+            .expect("a node of ObservedFleet");
+        &self.sims[i]
     }
 }
 
@@ -413,16 +468,23 @@ pub struct Sent {
     pub ok: u64,
     pub not_found: u64,
     pub unavailable: u64,
+    /// Routed, and the node answered 5xx (passed through, not a gateway error).
+    pub node_error: u64,
 }
 
 impl Sent {
     pub fn total(&self) -> u64 {
-        self.ok + self.not_found + self.unavailable
+        self.ok + self.not_found + self.unavailable + self.node_error
+    }
+    /// Requests that reached placement and were timed (everything but the 404s).
+    pub fn routed(&self) -> u64 {
+        self.ok + self.unavailable + self.node_error
     }
     pub fn add(&mut self, o: Sent) {
         self.ok += o.ok;
         self.not_found += o.not_found;
         self.unavailable += o.unavailable;
+        self.node_error += o.node_error;
     }
 }
 
@@ -471,6 +533,102 @@ pub async fn mixed_round(gw: &Gateway) -> Sent {
     sent
 }
 
+/// Once per test, after a [`mixed_round`]: what a live fleet does besides answering, so every
+/// node-state, throughput and placement series has a real value:
+/// - a chat with a long prompt (a chars-per-token calibration sample);
+/// - an agent heartbeat for `ob-learner` (and one without a token, refused), then an admin
+///   pause of it;
+/// - `ob-flaky` answers 500 [`BREAKER_THRESHOLD`] times: its `delta:1b` breaker opens;
+/// - `ob-q1`'s one seat is held: a client leaves while queued there (a queue abort), five more
+///   queue, `ob-q2` is pre-warmed and three of them are rebalanced to it, then all are served.
+pub async fn fleet_events(f: &ObservedFleet) -> Sent {
+    let gw = &f.gw;
+    let c = client();
+    let mut sent = Sent::default();
+
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat("alpha:1b", &"calibrate ".repeat(100)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    sent.ok += 1;
+
+    let learner = f.sim("ob-learner").addr();
+    let hb = json!({"node_id": "ob-learner", "backend_url": format!("http://{learner}"),
+        "backend": "sim", "free_memory_gb": 8.0, "total_memory_gb": 64.0,
+        "pressure": "normal", "cpu_percent": 20.0});
+    let heartbeat = c.post(gw.admin_url("/fleet/nodes/heartbeat")).json(&hb);
+    let r = heartbeat.try_clone().unwrap().send().await.unwrap();
+    assert_eq!(r.status(), 401, "a heartbeat without a token is refused");
+    let r = heartbeat.bearer_auth(ADMIN_TOKEN).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let r = c
+        .post(gw.admin_url("/fleet/nodes/ob-learner/pause"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    for _ in 0..BREAKER_THRESHOLD {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat("delta:1b", "hi"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500, "ob-flaky answers 500");
+        r.bytes().await.unwrap();
+        sent.node_error += 1;
+    }
+
+    let q1 = f.sim("ob-q1").control();
+    q1.hold_first_token(true);
+    let spawn = || {
+        let (url, body) = (gw.url("/v1/chat/completions"), chat("q:7b", "queue"));
+        tokio::spawn(async move { client().post(url).json(&body).send().await })
+    };
+    let first = spawn();
+    q1.wait_parked(1).await;
+    let leaver = spawn();
+    eventually("one request queued at ob-q1", || async {
+        pending(gw).await == 1
+    })
+    .await;
+    leaver.abort(); // the client hangs up while queued
+    eventually("the queue abort is counted", || async {
+        sum(&scrape(gw).await, "fleetgate_queue_client_aborts_total") == 1.0
+    })
+    .await;
+    // Five more queue at the hot 1-seat node rather than cold-loading ob-q2: depth >= 3
+    // pre-warms ob-q2, then 5 waiting >= 4 moves 3 of them there.
+    let rest: Vec<_> = (0..5).map(|_| spawn()).collect();
+    eventually("a pre-warm and three rebalance moves", || async {
+        let s = scrape(gw).await;
+        sum(&s, "fleetgate_queue_prewarms_total") >= 1.0
+            && sum(&s, "fleetgate_queue_rebalance_moves_total") >= 3.0
+    })
+    .await;
+    q1.release();
+    for r in std::iter::once(first).chain(rest) {
+        let r = r.await.unwrap().expect("send");
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        sent.ok += 1;
+    }
+    sent
+}
+
+/// Requests waiting for a seat in the gateway.
+async fn pending(gw: &Gateway) -> usize {
+    admin_json(gw, "/fleet/queue").await["waiting"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
 /// `n` plain OpenAI chats that succeed.
 pub async fn chats(gw: &Gateway, n: u64) -> Sent {
     let c = client();
@@ -513,9 +671,12 @@ pub async fn settled_scrape(gw: &Gateway, sent: Sent) -> Scrape {
         ),
         (
             "fleetgate_proxy_request_duration_seconds_count",
-            sent.ok + sent.unavailable,
+            sent.routed(),
         ),
-        ("fleetgate_proxy_time_to_first_token_seconds_count", sent.ok),
+        (
+            "fleetgate_proxy_time_to_first_token_seconds_count",
+            sent.ok + sent.node_error,
+        ),
     ];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
