@@ -76,7 +76,7 @@ fn no_route_error(
 
 fn decide(fleet: &Fleet, req: &RouteRequest) -> Decision {
     let view = fleet.view();
-    routing::decide(req, &view, &fleet.config.routing.policy, fleet, now_ms())
+    routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms())
 }
 
 /// Same-model candidates with the node that holds the seat first.
@@ -116,7 +116,7 @@ pub async fn place(
     parsed: &ParsedRequest,
     req: &RouteRequest,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
-    let q = &fleet.config.queue;
+    let q = &fleet.config().queue;
     let started = Instant::now();
     let hold_deadline = started + Duration::from_secs(q.holding_timeout_s);
     let mut board: Option<WaitingGuard> = None;
