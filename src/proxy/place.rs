@@ -154,6 +154,7 @@ pub async fn place(
                             return Ok(Err(Unplaced::Gone));
                         }
                         _ = max_wait => {
+                            METRICS.queue_timeouts.with_label_values(&[&w.node_id, &w.model]).inc();
                             return Ok(Err(Unplaced::Error(
                                 ErrorCode::NoProviderAvailable,
                                 format!("no seat on node '{}' for model '{}' within {} s", w.node_id, w.model, q.max_wait_s),
