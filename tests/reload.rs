@@ -113,14 +113,7 @@ fn reload_swaps_aliases_adds_and_drains_nodes_and_refuses_bad_files() {
         .await;
         assert_eq!(ask(&gw, "fast").await.headers()["x-fleet-node"], "rl-a");
 
-        let metrics = client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&gw).await;
         assert!(
             metrics.contains(r#"fleetgate_config_reloads_total{result="ok"} 2"#),
             "{metrics}"

@@ -177,3 +177,15 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The gateway's Prometheus exposition text.
+pub async fn metrics(gw: &Gateway) -> String {
+    client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text")
+}
