@@ -164,7 +164,7 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
 
 /// Requests a node served, from the gateway's own counter.
 async fn served_by(gw: &Gateway, node: &str) -> u64 {
-    let text = metrics(&gw).await;
+    let text = metrics(gw).await;
     text.lines()
         .filter(|l| {
             l.starts_with("fleetgate_proxy_requests_total{")
