@@ -81,6 +81,7 @@ fn run(path: &Path) -> ExitCode {
     let (listen, nodes) = (config.listen, config.nodes.len());
     match fleetgate::server::prepare(config) {
         Ok(p) => {
+            p.fleet.set_config_path(path.to_path_buf());
             log::info!(
                 "fleetgate listening on {listen}, admin on {}, {nodes} nodes",
                 p.admin_addr

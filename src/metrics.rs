@@ -41,6 +41,7 @@ pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
 pub const TOKENS_TOTAL: &str = "fleetgate_proxy_tokens_total";
 pub const TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "fleetgate_proxy_time_per_output_token_seconds";
 pub const CONFIG_RELOADS_TOTAL: &str = "fleetgate_config_reloads_total";
+pub const QUEUE_TIMEOUTS_TOTAL: &str = "fleetgate_queue_timeouts_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -88,6 +89,7 @@ pub struct Metrics {
     pub tokens: IntCounterVec,
     pub tpot: HistogramVec,
     pub config_reloads: IntCounterVec,
+    pub queue_timeouts: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -265,6 +267,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
             opts!(CONFIG_RELOADS_TOTAL, "Config reloads by result (ok, error)"),
             &["result"],
         )?,
+        queue_timeouts: IntCounterVec::new(
+            opts!(QUEUE_TIMEOUTS_TOTAL, "Requests that found no seat within queue.max_wait_s (503)"),
+            &["node", "model"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -301,6 +307,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.tokens.clone()))?;
     m.registry.register(Box::new(m.tpot.clone()))?;
     m.registry.register(Box::new(m.config_reloads.clone()))?;
+    m.registry.register(Box::new(m.queue_timeouts.clone()))?;
     for result in ["ok", "error"] {
         m.config_reloads.with_label_values(&[result]).inc_by(0);
     }

@@ -104,6 +104,10 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         "rebalance",
         Rebalance::new(fleet.clone()),
     ));
+    server.add_service(background_service(
+        "reload on SIGHUP",
+        crate::services::reload::ReloadOnHangup::new(fleet.clone()),
+    ));
 
     let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
         addr: config.admin_listen.to_string(),

@@ -277,14 +277,7 @@ fn agent_heartbeats_pressure_thermal_token_and_missed_heartbeats() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(ask(&gw, Some("hb-a")).await, (200, "hb-a".into()));
-        let metrics = client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&gw).await;
         assert!(
             metrics
                 .contains("fleetgate_admin_heartbeats_total{node=\"-\",result=\"unauthorized\"} 2"),
@@ -403,14 +396,7 @@ fn admin_pause_resume_drain() {
         assert_eq!(ask(&gw, None).await, (200, "ad-b".into()));
         a.control().release();
         assert_eq!(running.await.unwrap(), 200, "in-flight request finished");
-        let m = client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = metrics(&gw).await;
         assert!(
             m.contains("fleetgate_fleet_node_draining{node=\"ad-a\"} 1"),
             "{m}"
@@ -447,7 +433,7 @@ fn breaker_opens_after_n_faults_then_half_open_success_closes_it() {
             "open breaker: held (1 s), then 503, never sent to the node"
         );
         assert_eq!(served(&a), reached);
-        let m = client().get(gw.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let m = metrics(&gw).await;
         assert!(m.contains("fleetgate_fleet_breaker_state{model=\"m:1b\",node=\"br-a\"} 1"), "{m}");
 
         a.control().set_fault(Fault::None);
@@ -457,7 +443,7 @@ fn breaker_opens_after_n_faults_then_half_open_success_closes_it() {
         let n = node_status(&gw, "br-a").await;
         assert_eq!(breaker(&n), "closed", "{n:#}");
         assert_eq!(n["models"][0]["breaker"]["consecutive_faults"], 0);
-        let m = client().get(gw.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let m = metrics(&gw).await;
         assert!(m.contains("fleetgate_fleet_breaker_transitions_total{model=\"m:1b\",node=\"br-a\",to=\"closed\"} 1"), "{m}");
     });
 }
@@ -569,14 +555,7 @@ fn observed_tokens_per_second_ttft_and_calibration() {
         let v = cpt[1].as_f64().unwrap();
         assert!(v > 3.3 && v <= 4.0, "3 -> 3.2 -> 3.36: {cpt}");
         // Tokens in and out, and the decode time per token, as Prometheus sees them.
-        let text = client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics(&gw).await;
         let out = r#"fleetgate_proxy_tokens_total{direction="out",model="m:1b",node="ob-a"} 40"#;
         assert!(text.contains(out), "two replies of 20 tokens: {text}");
         let prompt = r#"fleetgate_proxy_tokens_total{direction="in",model="m:1b",node="ob-a"}"#;

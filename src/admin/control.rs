@@ -1,4 +1,5 @@
 //! `POST /fleet/nodes/{id}/pause|resume|drain` (admin token): effective for routing at once.
+//! `POST /fleet/reload` (admin token): re-read the config file (as SIGHUP does).
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ pub fn routes() -> Router<Arc<Fleet>> {
         .route("/fleet/nodes/{id}/pause", post(pause))
         .route("/fleet/nodes/{id}/resume", post(resume))
         .route("/fleet/nodes/{id}/drain", post(drain))
+        .route("/fleet/reload", post(reload))
 }
 
 async fn pause(s: State<Arc<Fleet>>, p: Path<String>, h: HeaderMap) -> Response {
@@ -31,13 +33,31 @@ async fn drain(s: State<Arc<Fleet>>, p: Path<String>, h: HeaderMap) -> Response 
     apply(s, p, h, Control::Drain)
 }
 
+async fn reload(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> Response {
+    if let Err(r) = auth::require(&headers, &[fleet.config().admin_token.as_deref()]) {
+        return r;
+    }
+    match crate::services::reload::reload(&fleet).await {
+        Ok(report) => (
+            StatusCode::OK,
+            Json(json!({"reloaded": true, "report": report})),
+        )
+            .into_response(),
+        Err(errors) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"reloaded": false, "errors": errors})),
+        )
+            .into_response(),
+    }
+}
+
 fn apply(
     State(fleet): State<Arc<Fleet>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     c: Control,
 ) -> Response {
-    if let Err(r) = auth::require(&headers, &[fleet.config.admin_token.as_deref()]) {
+    if let Err(r) = auth::require(&headers, &[fleet.config().admin_token.as_deref()]) {
         return r;
     }
     let Some(idx) = fleet.index_of(&id) else {

@@ -30,10 +30,8 @@ fn count(node: &str, result: &str) {
 }
 
 async fn heartbeat(State(fleet): State<Arc<Fleet>>, headers: HeaderMap, body: Bytes) -> Response {
-    let accepted = [
-        fleet.config.agent_token.as_deref(),
-        fleet.config.admin_token.as_deref(),
-    ];
+    let config = fleet.config();
+    let accepted = [config.agent_token.as_deref(), config.admin_token.as_deref()];
     if let Err(r) = auth::require(&headers, &accepted) {
         count("-", "unauthorized");
         return r;
@@ -48,7 +46,7 @@ async fn heartbeat(State(fleet): State<Arc<Fleet>>, headers: HeaderMap, body: By
     };
     let (idx, registered) = match fleet.index_of(&hb.node_id) {
         Some(i) => (i, false),
-        None if !fleet.config.allow_registration => {
+        None if !fleet.config().allow_registration => {
             count("-", "unknown");
             return auth::error(
                 StatusCode::NOT_FOUND,
@@ -79,7 +77,7 @@ async fn heartbeat(State(fleet): State<Arc<Fleet>>, headers: HeaderMap, body: By
 async fn register(fleet: &Arc<Fleet>, hb: &Heartbeat) -> Result<usize, String> {
     let (id, url, backend) = (hb.node_id.clone(), hb.backend_url.clone(), hb.backend);
     let (mem, bw) = (hb.total_memory_gb, hb.bandwidth_gbps);
-    let reserve = fleet.config.routing.default_output_reserve;
+    let reserve = fleet.config().routing.default_output_reserve;
     // Resolving the URL may block on DNS.
     let cfg = tokio::task::spawn_blocking(move || {
         NodeConfig::dynamic(&id, &url, backend, mem, bw, reserve)
@@ -88,6 +86,6 @@ async fn register(fleet: &Arc<Fleet>, hb: &Heartbeat) -> Result<usize, String> {
     .map_err(|e| format!("registration: {e}"))??;
     let idx = fleet.register(cfg);
     log::info!("registered node {} ({})", hb.node_id, hb.backend_url);
-    poll_and_apply(fleet, &poll_client(fleet.config.health.poll_timeout), idx).await;
+    poll_and_apply(fleet, &poll_client(fleet.config().health.poll_timeout), idx).await;
     Ok(idx)
 }

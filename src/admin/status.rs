@@ -84,8 +84,8 @@ fn breaker_status(b: &crate::fleet::Breaker, now: u64) -> BreakerStatus {
 pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
     let view = fleet.view();
     let now = now_ms();
-    let warmup_ms = fleet.config.health.warmup.as_millis() as u64;
-    let recent_ms = fleet.config.routing.policy.warmth_recent_window_s * 1000;
+    let warmup_ms = fleet.config().health.warmup.as_millis() as u64;
+    let recent_ms = fleet.config().routing.policy.warmth_recent_window_s * 1000;
     let states = fleet.nodes();
     let nodes = view
         .nodes

@@ -10,6 +10,7 @@ mod heartbeat;
 mod learning;
 mod live;
 mod presence;
+mod reload;
 mod state;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
 pub use presence::{effective_health, AdminControl, HealthInputs};
+pub use reload::ReloadReport;
 pub use state::Control;
 
 use crate::config::{Config, NodeConfig};
@@ -87,7 +89,10 @@ impl NodeState {
 
 /// The fleet: node config, live state per node, and the current routing snapshot.
 pub struct Fleet {
-    pub config: Arc<Config>,
+    /// The configuration in force; `reload` swaps it.
+    config: ArcSwap<Config>,
+    /// The file it came from, for reloads (None: built from text, e.g. in tests).
+    config_path: Mutex<Option<std::path::PathBuf>>,
     configs: ArcSwap<Vec<Arc<NodeConfig>>>,
     nodes: ArcSwap<Vec<Arc<NodeState>>>,
     /// Serialises registrations (the only writer of `configs`/`nodes`).
@@ -111,7 +116,8 @@ impl Fleet {
         let configs: Vec<_> = config.nodes.iter().cloned().map(Arc::new).collect();
         let nodes = configs.iter().map(|c| Arc::new(new_state(c))).collect();
         let fleet = Fleet {
-            config,
+            config: ArcSwap::new(config),
+            config_path: Mutex::new(None),
             configs: ArcSwap::from_pointee(configs),
             nodes: ArcSwap::from_pointee(nodes),
             registering: Mutex::new(()),
@@ -124,6 +130,20 @@ impl Fleet {
         };
         fleet.publish();
         Arc::new(fleet)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Remember the file the configuration came from, for reloads.
+    pub fn set_config_path(&self, path: std::path::PathBuf) {
+        *self.config_path.lock() = Some(path);
+    }
+
+    pub fn config_path(&self) -> Option<std::path::PathBuf> {
+        self.config_path.lock().clone()
     }
 
     /// Every node's live state, by index (same order as the view).
@@ -170,6 +190,19 @@ impl Fleet {
         self.configs.store(Arc::new(configs));
         self.publish();
         self.len() - 1
+    }
+
+    /// Replace node `idx`'s settings (a reload); its live state stays.
+    fn replace_node_config(&self, idx: usize, cfg: NodeConfig) {
+        let _guard = self.registering.lock();
+        let mut configs = Vec::clone(&self.configs.load());
+        configs[idx] = Arc::new(cfg);
+        self.configs.store(Arc::new(configs));
+    }
+
+    fn store_config(&self, config: Arc<Config>) {
+        self.config.store(config);
+        self.publish();
     }
 
     /// The current routing snapshot.
@@ -310,8 +343,8 @@ impl Fleet {
 
     fn view_params(&self) -> ViewParams {
         ViewParams {
-            warmup_ms: self.config.health.warmup.as_millis() as u64,
-            miss_ms: self.config.health.heartbeat_miss.as_millis() as u64,
+            warmup_ms: self.config().health.warmup.as_millis() as u64,
+            miss_ms: self.config().health.heartbeat_miss.as_millis() as u64,
         }
     }
 

@@ -10,6 +10,8 @@ use crate::routing::Health;
 pub struct AdminControl {
     pub paused: bool,
     pub draining: bool,
+    /// Dropped from the config file by a reload (and drained); back in it: resumed.
+    pub retired: bool,
 }
 
 /// Everything the effective health depends on.
@@ -78,6 +80,7 @@ mod tests {
             admin: AdminControl {
                 paused: true,
                 draining: true,
+                retired: false,
             },
             poll_back_since_ms: Some(0),
             ..base
@@ -92,6 +95,7 @@ mod tests {
             admin: AdminControl {
                 paused: false,
                 draining: false,
+                retired: false,
             },
             ..paused
         };

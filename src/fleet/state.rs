@@ -34,8 +34,8 @@ pub enum Control {
 impl Fleet {
     fn breaker_policy(&self) -> BreakerPolicy {
         BreakerPolicy {
-            failure_threshold: self.config.breaker.failure_threshold,
-            cooldown_ms: self.config.breaker.cooldown.as_millis() as u64,
+            failure_threshold: self.config().breaker.failure_threshold,
+            cooldown_ms: self.config().breaker.cooldown.as_millis() as u64,
         }
     }
 
@@ -79,7 +79,7 @@ impl Fleet {
     /// Take a heartbeat for a known node `idx`; feeds the learner on learning nodes.
     pub fn apply_heartbeat(&self, idx: usize, hb: Heartbeat, now: u64) {
         let node = self.node(idx);
-        let miss_ms = self.config.health.heartbeat_miss.as_millis() as u64;
+        let miss_ms = self.config().health.heartbeat_miss.as_millis() as u64;
         if let Some(learner) = node.learner.lock().as_mut() {
             if let Some(sample) = learning_sample(&hb, &node.live.lock()) {
                 learner.observe(now, sample);
@@ -141,7 +141,7 @@ impl Fleet {
 
     /// Load the state file from `learning.state_dir` (when configured).
     pub fn load_learners(&self) -> Result<usize, super::StoreError> {
-        match &self.config.learning.state_dir {
+        match &self.config().learning.state_dir {
             Some(dir) => Ok(self.restore_learners(LearnerStore::load(dir)?)),
             None => Ok(0),
         }

@@ -38,12 +38,13 @@ pub async fn client_request(
     };
     let family = ep.family();
     arrival.protocol = ep.label();
-    let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
+    let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
     arrival.bytes_in = body.len();
-    let (parsed, mut req) = match intake::prepare(&fleet.config, ep, &body, session.req_header()) {
+    let (parsed, mut req) = match intake::prepare(&fleet.config(), ep, &body, session.req_header())
+    {
         Ok(v) => v,
         Err(msg) => {
             let code = ErrorCode::InvalidRequest;
@@ -54,7 +55,7 @@ pub async fn client_request(
     // Prompt estimate with the chars-per-token calibrated from the nodes' `usage`.
     let cpt = fleet
         .calibration
-        .chars_per_token(&req.models[0], fleet.config.routing.chars_per_token);
+        .chars_per_token(&req.models[0], fleet.config().routing.chars_per_token);
     req.prompt_tokens = parsed.estimated_prompt_tokens(cpt);
     let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
         Ok(p) => p,
@@ -78,7 +79,7 @@ pub async fn client_request(
         started: Instant::now(),
         queue_wait: placement.queue_wait,
         stream: parsed.stream,
-        max_retries: fleet.config.routing.retries,
+        max_retries: fleet.config().routing.retries,
         prompt_chars: parsed.prompt_chars,
         prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
         state: Mutex::new(Attempts {

@@ -131,7 +131,7 @@ impl ProxyHttp for Gateway {
             );
         };
         let node = self.fleet.node_config(d.choice().node);
-        let limits = &self.fleet.config.limits;
+        let limits = &self.fleet.config().limits;
         let mut peer = HttpPeer::new(node.addr, false, String::new());
         peer.options.connection_timeout = Some(limits.connect_timeout);
         peer.options.read_timeout = Some(limits.read_timeout);

@@ -88,7 +88,7 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             .tokens
             .with_label_values(&[labels[0], labels[1], "in"])
             .inc_by(u64::from(pt));
-        let default = fleet.config.routing.chars_per_token;
+        let default = fleet.config().routing.chars_per_token;
         fleet
             .calibration
             .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);

@@ -34,7 +34,7 @@ impl LearnerSaver {
 #[async_trait]
 impl BackgroundService for LearnerSaver {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(self.fleet.config.learning.save_interval);
+        let mut tick = tokio::time::interval(self.fleet.config().learning.save_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {

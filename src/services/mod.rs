@@ -9,6 +9,7 @@ pub mod node_api;
 pub mod ops;
 pub mod prewarm;
 pub mod rebalance;
+pub mod reload;
 
 /// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.
 pub fn now_ms() -> u64 {
@@ -30,5 +31,5 @@ pub fn decide_elsewhere(
         tried: vec![view.nodes[idx].id.clone()],
         ..Default::default()
     };
-    crate::routing::decide(&req, view, &fleet.config.routing.policy, fleet, now_ms())
+    crate::routing::decide(&req, view, &fleet.config().routing.policy, fleet, now_ms())
 }

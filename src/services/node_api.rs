@@ -57,6 +57,6 @@ pub async fn pull(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String> 
 
 /// Poll node `idx` now and publish what changed.
 pub async fn refresh(fleet: &Arc<Fleet>, idx: usize) {
-    let c = client(fleet.config.health.poll_timeout);
+    let c = client(fleet.config().health.poll_timeout);
     super::health::poll_and_apply(fleet, &c, idx).await;
 }

@@ -26,7 +26,7 @@ impl Prewarm {
     /// One pass; returns the loads started.
     pub fn cycle(&self) -> usize {
         let fleet = &self.fleet;
-        let threshold = fleet.config.queue.prewarm_threshold;
+        let threshold = fleet.config().queue.prewarm_threshold;
         let view = fleet.view();
         let mut started = 0;
         for (idx, node) in fleet.nodes().iter().enumerate() {
@@ -74,7 +74,7 @@ impl Prewarm {
 #[async_trait]
 impl BackgroundService for Prewarm {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let period = Duration::from_millis(self.fleet.config.queue.prewarm_interval_ms);
+        let period = Duration::from_millis(self.fleet.config().queue.prewarm_interval_ms);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

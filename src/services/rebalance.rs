@@ -27,7 +27,7 @@ impl Rebalance {
     /// One pass; returns the requests moved.
     pub fn cycle(&self) -> u32 {
         let fleet = &self.fleet;
-        let q = &fleet.config.queue;
+        let q = &fleet.config().queue;
         let view = fleet.view();
         let mut moved = 0;
         for (idx, node) in fleet.nodes().iter().enumerate() {
@@ -73,7 +73,7 @@ impl Rebalance {
 #[async_trait]
 impl BackgroundService for Rebalance {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let period = Duration::from_millis(self.fleet.config.queue.rebalance_interval_ms);
+        let period = Duration::from_millis(self.fleet.config().queue.rebalance_interval_ms);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -51,7 +51,7 @@ pub fn poll_client(timeout: Duration) -> reqwest::Client {
 
 impl HealthPoller {
     pub fn new(fleet: Arc<Fleet>) -> HealthPoller {
-        let client = poll_client(fleet.config.health.poll_timeout);
+        let client = poll_client(fleet.config().health.poll_timeout);
         HealthPoller { fleet, client }
     }
 
@@ -85,14 +85,14 @@ pub async fn poll_and_apply(fleet: &Fleet, client: &reqwest::Client, idx: usize)
             PollReport::Failed { error }
         }
     };
-    let threshold = fleet.config.health.failures_before_offline;
+    let threshold = fleet.config().health.failures_before_offline;
     fleet.apply_poll(idx, report, threshold)
 }
 
 #[async_trait]
 impl BackgroundService for HealthPoller {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(self.fleet.config.health.poll_interval);
+        let mut tick = tokio::time::interval(self.fleet.config().health.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await; // the first tick is immediate; startup already polled
         loop {
