@@ -2,8 +2,9 @@
 //! queries, a Prometheus text-exposition reader, the names in src/metrics.rs, and a fleet +
 //! traffic mix that makes every exported family appear: `mixed_round` (success, SSE stream,
 //! NDJSON stream, Anthropic, a 404 after a failed auto-pull, and a connect failure that is
-//! retried and ends in a 503) and `fleet_events` (heartbeats, a pause, a breaker opening, a
-//! queue abort, a pre-warm and rebalance moves, a calibration sample).
+//! retried and ends in a 503) and `fleet_events` (heartbeats, a pause, a config reload, a
+//! breaker opening, a queue abort, a pre-warm, rebalance moves, seat-wait timeouts, a
+//! calibration sample).
 //!
 //! The query checks are generic: they walk every panel (rows and collapsed rows included)
 //! and every templating query, so panels added later are covered without touching the tests.
@@ -17,7 +18,7 @@ use fleetgate::sim::{Fault, SimHandle};
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::common::{admin_json, client, eventually, fleet, node, sim, Gateway};
+use crate::common::{admin_json, client, eventually, fleet, free_port, node, sim, Gateway};
 
 pub fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -384,6 +385,10 @@ pub const ADMIN_TOKEN: &str = "obs-admin-token";
 /// Consecutive 5xx answers that open a node:model breaker (set in the config below).
 pub const BREAKER_THRESHOLD: u64 = 5;
 
+/// `queue.max_wait_s`: the longest wait for a seat. Pre-warm and rebalance (50 ms cycles)
+/// act well within it; the requests they leave behind on a held node time out.
+pub const MAX_WAIT_S: u64 = 2;
+
 /// The fleet behind every dashboard test:
 /// - `ob-a`, `ob-b` serve `alpha:1b` (alias `gpt-test`);
 /// - `ob-dead1`, `ob-dead2` serve `gamma:1b` and refuse connections after the startup poll
@@ -396,6 +401,7 @@ pub const BREAKER_THRESHOLD: u64 = 5;
 pub struct ObservedFleet {
     pub gw: Gateway,
     pub sims: Vec<SimHandle>,
+    _dir: TempDir,
 }
 
 impl ObservedFleet {
@@ -429,18 +435,38 @@ impl ObservedFleet {
             .map(|((id, _, extra), s)| node(id, s, extra))
             .collect();
         let yaml = format!(
-            "  admin_token: {ADMIN_TOKEN}\n{QUIET}\
-             breaker:\n  failure_threshold: {BREAKER_THRESHOLD}\n  cooldown_s: 600\n\
-             queue:\n  auto_pull: true\n  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n\
-             models:\n  aliases:\n    gpt-test: alpha:1b\n{extra_yaml}{}",
-            fleet(&nodes)
+            concat!(
+                "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:0\n  threads: 2\n",
+                "  admin_token: {token}\n",
+                "{quiet}",
+                "breaker:\n  failure_threshold: {threshold}\n  cooldown_s: 600\n",
+                "queue:\n  auto_pull: true\n  max_wait_s: {max_wait}\n",
+                "  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n",
+                "models:\n  aliases:\n    gpt-test: alpha:1b\n",
+                "{extra}{fleet}",
+            ),
+            port = free_port(),
+            token = ADMIN_TOKEN,
+            quiet = QUIET,
+            threshold = BREAKER_THRESHOLD,
+            max_wait = MAX_WAIT_S,
+            extra = extra_yaml,
+            fleet = fleet(&nodes),
         );
-        let gw = Gateway::start(&yaml);
+        // Started from a file, as `fleetgate run --config FILE` is, so a reload re-reads it.
+        let dir = TempDir::new("observed");
+        let path = dir.path("fleetgate.yaml");
+        std::fs::write(&path, yaml).expect("write config");
+        let gw = Gateway::start_file(&path);
         for dead in &sims[2..4] {
             dead.control().set_fault(Fault::Refuse);
         }
         sims[4].control().set_fault(Fault::Status500);
-        ObservedFleet { gw, sims }
+        ObservedFleet {
+            gw,
+            sims,
+            _dir: dir,
+        }
     }
 
     pub fn sim(&self, id: &str) -> &SimHandle {
@@ -470,13 +496,19 @@ pub struct Sent {
     pub unavailable: u64,
     /// Routed, and the node answered 5xx (passed through, not a gateway error).
     pub node_error: u64,
+    /// Waited for a seat longer than `queue.max_wait_s`: a 503 from the gateway, never sent.
+    pub timed_out: u64,
 }
 
 impl Sent {
     pub fn total(&self) -> u64 {
-        self.ok + self.not_found + self.unavailable + self.node_error
+        self.ok + self.not_found + self.unavailable + self.node_error + self.timed_out
     }
-    /// Requests that reached placement and were timed (everything but the 404s).
+    /// Errors the gateway answered itself.
+    pub fn gateway_errors(&self) -> u64 {
+        self.not_found + self.unavailable + self.timed_out
+    }
+    /// Requests dispatched to a node (and the retried 503), whose latency is recorded.
     pub fn routed(&self) -> u64 {
         self.ok + self.unavailable + self.node_error
     }
@@ -485,6 +517,7 @@ impl Sent {
         self.not_found += o.not_found;
         self.unavailable += o.unavailable;
         self.node_error += o.node_error;
+        self.timed_out += o.timed_out;
     }
 }
 
@@ -539,8 +572,10 @@ pub async fn mixed_round(gw: &Gateway) -> Sent {
 /// - an agent heartbeat for `ob-learner` (and one without a token, refused), then an admin
 ///   pause of it;
 /// - `ob-flaky` answers 500 [`BREAKER_THRESHOLD`] times: its `delta:1b` breaker opens;
+/// - a config reload (`POST /fleet/reload`, the same file);
 /// - `ob-q1`'s one seat is held: a client leaves while queued there (a queue abort), five more
-///   queue, `ob-q2` is pre-warmed and three of them are rebalanced to it, then all are served.
+///   queue, `ob-q2` is pre-warmed and three of them are rebalanced to it and served; the two
+///   left at `ob-q1` time out after [`MAX_WAIT_S`] (503), then the held one is served.
 pub async fn fleet_events(f: &ObservedFleet) -> Sent {
     let gw = &f.gw;
     let c = client();
@@ -572,6 +607,14 @@ pub async fn fleet_events(f: &ObservedFleet) -> Sent {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+
+    let r = c
+        .post(gw.admin_url("/fleet/reload"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
 
     for _ in 0..BREAKER_THRESHOLD {
         let r = c
@@ -612,13 +655,21 @@ pub async fn fleet_events(f: &ObservedFleet) -> Sent {
             && sum(&s, "fleetgate_queue_rebalance_moves_total") >= 3.0
     })
     .await;
+    eventually("the two left at ob-q1 time out", || async {
+        sum(&scrape(gw).await, "fleetgate_queue_timeouts_total") == 2.0
+    })
+    .await;
     q1.release();
+    let mut statuses = Vec::new();
     for r in std::iter::once(first).chain(rest) {
         let r = r.await.unwrap().expect("send");
-        assert_eq!(r.status(), 200);
+        statuses.push(r.status().as_u16());
         r.bytes().await.unwrap();
-        sent.ok += 1;
     }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 200, 200, 503, 503]);
+    sent.ok += 4;
+    sent.timed_out += 2;
     sent
 }
 
@@ -665,10 +716,7 @@ pub async fn scrape(gw: &Gateway) -> Scrape {
 pub async fn settled_scrape(gw: &Gateway, sent: Sent) -> Scrape {
     let want = [
         ("fleetgate_proxy_requests_total", sent.total()),
-        (
-            "fleetgate_proxy_errors_total",
-            sent.not_found + sent.unavailable,
-        ),
+        ("fleetgate_proxy_errors_total", sent.gateway_errors()),
         (
             "fleetgate_proxy_request_duration_seconds_count",
             sent.routed(),
