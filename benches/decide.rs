@@ -34,6 +34,7 @@ fn fleet(n: usize) -> FleetView {
                         max_context: 131_072,
                         unloaded_at_ms: (i % 4 == 1).then_some(1_000),
                         on_disk: k < 3,
+                        breaker_open: false,
                     }
                 })
                 .collect();

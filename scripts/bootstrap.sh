@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
 # Install what a fresh machine lacks to build and test fleetgate: cmake (pingora's zlib-ng
-# build runs it) and, with --sdks, a Python venv with the official OpenAI, Ollama and
-# Anthropic SDKs that the SDK tests drive. Safe to run repeatedly.
+# build runs it); with --prometheus, Debian's `prometheus` (tests/prometheus.rs runs a real
+# one against a test gateway); with --sdks, a Python venv with the official OpenAI, Ollama
+# and Anthropic SDKs that the SDK tests drive. scripts/test.sh passes both flags.
+# Safe to run repeatedly: installs only what is missing, with one `apt-get update`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v cmake >/dev/null 2>&1; then
-  echo "bootstrap: installing cmake" >&2
+want_sdks=0; want_prometheus=0
+for arg in "$@"; do
+  case "$arg" in
+    --sdks) want_sdks=1 ;;
+    --prometheus) want_prometheus=1 ;;
+    *) echo "bootstrap: unknown option $arg (expected --sdks, --prometheus)" >&2; exit 64 ;;
+  esac
+done
+
+packages=()
+command -v cmake >/dev/null 2>&1 || packages+=(cmake)
+if [ "$want_prometheus" = 1 ] && ! command -v prometheus >/dev/null 2>&1; then
+  packages+=(prometheus)
+fi
+if [ "${#packages[@]}" -gt 0 ]; then
+  echo "bootstrap: installing ${packages[*]}" >&2
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${packages[@]}" >/dev/null
+  # On a systemd machine the package starts a Prometheus service on :9090, the gateway's
+  # default admin port; the tests start their own Prometheus, so stop the one we installed.
+  if [[ " ${packages[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    echo "bootstrap: stopping the prometheus.service the package started (port 9090)" >&2
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 
-if [ "${1:-}" = "--sdks" ]; then
+if [ "$want_sdks" = 1 ]; then
   if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, ollama, anthropic" 2>/dev/null; then
     echo "bootstrap: creating .venv with the openai, ollama and anthropic SDKs" >&2
     python3 -m venv .venv

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Run every test: unit, property, integration (real gateway + simulated nodes on 127.0.0.1)
-# and the official Python SDKs against the gateway. Installs what it needs first.
+# Run every test: unit, property, integration (real gateway + simulated nodes on 127.0.0.1),
+# the official Python SDKs against the gateway, and a real Prometheus scraping a test gateway.
+# Installs what it needs first (scripts/bootstrap.sh --sdks --prometheus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh --sdks
+scripts/bootstrap.sh --sdks --prometheus
 export FLEETGATE_TEST_PYTHON="$PWD/.venv/bin/python"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --all-targets --no-fail-fast "$@"

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod agent;
 pub mod config;
 pub mod fleet;
 pub mod metrics;

@@ -31,6 +31,8 @@ enum Command {
     Check { files: Vec<PathBuf> },
     /// Run the simulated nodes a config file describes (`backend: sim` nodes with a `sim:` block).
     Sim,
+    /// Heartbeat this node's host facts to a gateway (run beside the node's backend).
+    Agent(fleetgate::agent::AgentArgs),
     /// Show how a request would be routed on the fleet a config describes (static facts).
     Explain {
         /// JSON request body (OpenAI, Ollama or Anthropic).
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
         Command::Run => run(&cli.config),
         Command::Check { files } => check(&files),
         Command::Sim => sim(&cli.config),
+        Command::Agent(args) => agent(&cli.config, &args),
         Command::Explain {
             request,
             path,
@@ -78,6 +81,7 @@ fn run(path: &Path) -> ExitCode {
     let (listen, nodes) = (config.listen, config.nodes.len());
     match fleetgate::server::prepare(config) {
         Ok(p) => {
+            p.fleet.set_config_path(path.to_path_buf());
             log::info!(
                 "fleetgate listening on {listen}, admin on {}, {nodes} nodes",
                 p.admin_addr
@@ -135,6 +139,33 @@ fn sim(path: &Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fleetgate sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn agent(config: &Path, args: &fleetgate::agent::AgentArgs) -> ExitCode {
+    let settings = match fleetgate::agent::settings(config, args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fleetgate agent: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fleetgate agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fleetgate::agent::Agent::new(settings).run(args.once)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleetgate agent: {e}");
             ExitCode::FAILURE
         }
     }

@@ -17,6 +17,17 @@ pub const NODE_UP: &str = "fleetgate_fleet_node_up";
 pub const MODEL_LOADED: &str = "fleetgate_fleet_model_loaded";
 pub const RETRIES_TOTAL: &str = "fleetgate_proxy_retries_total";
 pub const BUILD_INFO: &str = "fleetgate_build_info";
+pub const NODE_WARMUP: &str = "fleetgate_fleet_node_warmup";
+pub const NODE_DRAINING: &str = "fleetgate_fleet_node_draining";
+pub const NODE_PAUSED: &str = "fleetgate_fleet_node_paused";
+pub const NODE_AVAILABILITY: &str = "fleetgate_fleet_node_availability_ratio";
+pub const BREAKER_STATE: &str = "fleetgate_fleet_breaker_state";
+pub const BREAKER_TRANSITIONS_TOTAL: &str = "fleetgate_fleet_breaker_transitions_total";
+pub const HEARTBEATS_TOTAL: &str = "fleetgate_admin_heartbeats_total";
+pub const OUTPUT_TPS: &str = "fleetgate_fleet_output_tokens_per_second";
+pub const CHARS_PER_TOKEN: &str = "fleetgate_fleet_chars_per_token_ratio";
+pub const ERRORS_TOTAL: &str = "fleetgate_proxy_errors_total";
+pub const ACCESS_LOG_DROPPED_TOTAL: &str = "fleetgate_access_log_dropped_total";
 pub const QUEUE_WAIT_SECONDS: &str = "fleetgate_queue_wait_seconds";
 pub const QUEUE_PENDING_REQUESTS: &str = "fleetgate_queue_pending_requests";
 pub const QUEUE_ABORTS_TOTAL: &str = "fleetgate_queue_client_aborts_total";
@@ -27,11 +38,17 @@ pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
 pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
 pub const ELIMINATIONS_TOTAL: &str = "fleetgate_routing_eliminations_total";
 pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
+pub const TOKENS_TOTAL: &str = "fleetgate_proxy_tokens_total";
+pub const TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "fleetgate_proxy_time_per_output_token_seconds";
+pub const CONFIG_RELOADS_TOTAL: &str = "fleetgate_config_reloads_total";
+pub const QUEUE_TIMEOUTS_TOTAL: &str = "fleetgate_queue_timeouts_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
+/// Time per output token: 1 ms (fast GPU) to 1 s (a 70B model on a laptop).
+const TPOT_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const TTFT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -46,6 +63,19 @@ pub struct Metrics {
     pub model_loaded: IntGaugeVec,
     pub retries: IntCounterVec,
     pub build_info: GaugeVec,
+    pub node_warmup: IntGaugeVec,
+    pub node_draining: IntGaugeVec,
+    pub node_paused: IntGaugeVec,
+    pub node_availability: GaugeVec,
+    pub breaker_state: IntGaugeVec,
+    pub breaker_transitions: IntCounterVec,
+    pub heartbeats: IntCounterVec,
+    pub output_tps: GaugeVec,
+    pub chars_per_token: GaugeVec,
+    /// Errors the gateway answered itself, by protocol and stable code (`ErrorCode::as_str`).
+    pub errors: IntCounterVec,
+    /// Access-log lines not written: `full` (writer behind) or `write_error`.
+    pub access_log_dropped: IntCounterVec,
     pub queue_wait: HistogramVec,
     pub pending: IntGaugeVec,
     pub queue_aborts: IntCounterVec,
@@ -56,6 +86,10 @@ pub struct Metrics {
     pub pulls: IntCounterVec,
     pub eliminations: IntCounterVec,
     pub decisions: IntCounterVec,
+    pub tokens: IntCounterVec,
+    pub tpot: HistogramVec,
+    pub config_reloads: IntCounterVec,
+    pub queue_timeouts: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -102,6 +136,65 @@ fn build() -> Result<Metrics, prometheus::Error> {
             &["node"],
         )?,
         build_info: GaugeVec::new(opts!(BUILD_INFO, "Build information"), &["version"])?,
+        node_warmup: IntGaugeVec::new(
+            opts!(NODE_WARMUP, "1 while the node is in warmup after a reconnect"),
+            &["node"],
+        )?,
+        node_draining: IntGaugeVec::new(
+            opts!(NODE_DRAINING, "1 while the node is draining (admin or agent)"),
+            &["node"],
+        )?,
+        node_paused: IntGaugeVec::new(
+            opts!(NODE_PAUSED, "1 while the node is paused by an operator"),
+            &["node"],
+        )?,
+        node_availability: GaugeVec::new(
+            opts!(
+                NODE_AVAILABILITY,
+                "Capacity learner's availability score 0..1 (learning nodes)"
+            ),
+            &["node"],
+        )?,
+        breaker_state: IntGaugeVec::new(
+            opts!(
+                BREAKER_STATE,
+                "Circuit breaker per node (model=\"-\") and node:model: 0 closed, 1 open, 2 half-open"
+            ),
+            nm,
+        )?,
+        breaker_transitions: IntCounterVec::new(
+            opts!(BREAKER_TRANSITIONS_TOTAL, "Circuit breaker state changes"),
+            &["node", "model", "to"],
+        )?,
+        heartbeats: IntCounterVec::new(
+            opts!(
+                HEARTBEATS_TOTAL,
+                "Agent heartbeats by node (\"-\" when rejected) and result"
+            ),
+            &["node", "result"],
+        )?,
+        output_tps: GaugeVec::new(
+            opts!(OUTPUT_TPS, "Observed output tokens per second (EWMA) per node:model"),
+            nm,
+        )?,
+        chars_per_token: GaugeVec::new(
+            opts!(CHARS_PER_TOKEN, "Calibrated prompt characters per token per model"),
+            &["model"],
+        )?,
+        errors: IntCounterVec::new(
+            opts!(
+                ERRORS_TOTAL,
+                "Errors the gateway answered itself, by protocol and error code"
+            ),
+            &["protocol", "code"],
+        )?,
+        access_log_dropped: IntCounterVec::new(
+            opts!(
+                ACCESS_LOG_DROPPED_TOTAL,
+                "Access-log lines dropped: writer behind (full) or failed (write_error)"
+            ),
+            &["reason"],
+        )?,
         queue_wait: HistogramVec::new(
             histogram_opts!(
                 QUEUE_WAIT_SECONDS,
@@ -158,6 +251,26 @@ fn build() -> Result<Metrics, prometheus::Error> {
             ),
             &["kind"],
         )?,
+        tokens: IntCounterVec::new(
+            opts!(TOKENS_TOTAL, "Tokens by node:model and direction (in: prompt, out: generated), from usage or counted chunks"),
+            &["node", "model", "direction"],
+        )?,
+        tpot: HistogramVec::new(
+            histogram_opts!(
+                TIME_PER_OUTPUT_TOKEN_SECONDS,
+                "Decode time per output token after the first",
+                TPOT_BUCKETS.to_vec()
+            ),
+            &["node", "model"],
+        )?,
+        config_reloads: IntCounterVec::new(
+            opts!(CONFIG_RELOADS_TOTAL, "Config reloads by result (ok, error)"),
+            &["result"],
+        )?,
+        queue_timeouts: IntCounterVec::new(
+            opts!(QUEUE_TIMEOUTS_TOTAL, "Requests that found no seat within queue.max_wait_s (503)"),
+            &["node", "model"],
+        )?,
         registry,
     };
     m.registry.register(Box::new(m.requests.clone()))?;
@@ -168,6 +281,19 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.model_loaded.clone()))?;
     m.registry.register(Box::new(m.retries.clone()))?;
     m.registry.register(Box::new(m.build_info.clone()))?;
+    m.registry.register(Box::new(m.node_warmup.clone()))?;
+    m.registry.register(Box::new(m.node_draining.clone()))?;
+    m.registry.register(Box::new(m.node_paused.clone()))?;
+    m.registry.register(Box::new(m.node_availability.clone()))?;
+    m.registry.register(Box::new(m.breaker_state.clone()))?;
+    m.registry
+        .register(Box::new(m.breaker_transitions.clone()))?;
+    m.registry.register(Box::new(m.heartbeats.clone()))?;
+    m.registry.register(Box::new(m.output_tps.clone()))?;
+    m.registry.register(Box::new(m.chars_per_token.clone()))?;
+    m.registry.register(Box::new(m.errors.clone()))?;
+    m.registry
+        .register(Box::new(m.access_log_dropped.clone()))?;
     m.registry.register(Box::new(m.queue_wait.clone()))?;
     m.registry.register(Box::new(m.pending.clone()))?;
     m.registry.register(Box::new(m.queue_aborts.clone()))?;
@@ -178,14 +304,37 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.pulls.clone()))?;
     m.registry.register(Box::new(m.eliminations.clone()))?;
     m.registry.register(Box::new(m.decisions.clone()))?;
+    m.registry.register(Box::new(m.tokens.clone()))?;
+    m.registry.register(Box::new(m.tpot.clone()))?;
+    m.registry.register(Box::new(m.config_reloads.clone()))?;
+    m.registry.register(Box::new(m.queue_timeouts.clone()))?;
+    for result in ["ok", "error"] {
+        m.config_reloads.with_label_values(&[result]).inc_by(0);
+    }
     m.build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1.0);
+    // Counters with a fixed label set start as zero-valued series: a dashboard shows 0, not
+    // "No data", until the first event.
+    for reason in ["full", "write_error"] {
+        m.access_log_dropped.with_label_values(&[reason]);
+    }
+    for outcome in ["served", "timeout", "full", "aborted"] {
+        m.holding.with_label_values(&[outcome]);
+    }
     Ok(m)
 }
 
 /// The process-wide metrics. Construction only fails on a duplicate name: a broken invariant.
 pub static METRICS: Lazy<Metrics> = Lazy::new(|| build().expect("metric families are unique"));
+
+/// Create the zero-valued per-node series of counters that only move on trouble, so a
+/// dashboard shows 0 for every configured node rather than "No data".
+pub fn register_nodes<'a>(ids: impl IntoIterator<Item = &'a str>) {
+    for id in ids {
+        METRICS.retries.with_label_values(&[id]);
+    }
+}
 
 /// Prometheus text exposition of every family.
 pub fn encode() -> String {

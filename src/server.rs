@@ -12,8 +12,11 @@ use pingora_proxy::http_proxy_service_with_name;
 use crate::admin::AdminService;
 use crate::config::{Backend, Config};
 use crate::fleet::Fleet;
+use crate::proxy::access_log::AccessLog;
 use crate::proxy::Gateway;
+use crate::services::clock::FleetClock;
 use crate::services::health::HealthPoller;
+use crate::services::learning::LearnerSaver;
 use crate::services::prewarm::Prewarm;
 use crate::services::rebalance::Rebalance;
 
@@ -30,6 +33,8 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("access_log: {0}")]
+    AccessLog(std::io::Error),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -47,6 +52,14 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
     let config = Arc::new(config);
     start_sim_nodes(&config)?;
     let fleet = Fleet::new(config.clone());
+    match fleet.load_learners() {
+        Ok(0) => {}
+        Ok(n) => log::info!("capacity learner: restored {n} node(s)"),
+        Err(e) => log::warn!("capacity learner: starting fresh: {e}"),
+    }
+    let access_log =
+        AccessLog::open(config.access_log.target.as_ref()).map_err(StartError::AccessLog)?;
+    crate::metrics::register_nodes(config.nodes.iter().map(|n| n.id.as_str()));
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -66,7 +79,7 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
 
     let mut proxy = http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(fleet.clone()),
+        Gateway::new(fleet.clone(), access_log),
         "fleetgate",
     );
     proxy.add_tcp(&config.listen.to_string());
@@ -76,10 +89,24 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         "health poller",
         HealthPoller::new(fleet.clone()),
     ));
+    server.add_service(background_service(
+        "fleet clock",
+        FleetClock::new(fleet.clone()),
+    ));
+    if let Some(dir) = config.learning.state_dir.clone() {
+        server.add_service(background_service(
+            "capacity learner",
+            LearnerSaver::new(fleet.clone(), dir),
+        ));
+    }
     server.add_service(background_service("pre-warm", Prewarm::new(fleet.clone())));
     server.add_service(background_service(
         "rebalance",
         Rebalance::new(fleet.clone()),
+    ));
+    server.add_service(background_service(
+        "reload on SIGHUP",
+        crate::services::reload::ReloadOnHangup::new(fleet.clone()),
     ));
 
     let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {

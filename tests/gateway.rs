@@ -302,14 +302,23 @@ fn admin_status_and_metrics() {
         assert_eq!(node["health"], "online");
         assert_eq!(node["models"][0]["name"], "alpha:1b");
         assert_eq!(node["models"][0]["loaded"], true);
-        let text = c.get(gw.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
-        assert!(
-            text.contains(r#"fleetgate_proxy_requests_total{model="alpha:1b",node="ad-a",protocol="openai_chat",status="200"} 1"#),
-            "{text}"
-        );
-        assert!(text.contains(r#"fleetgate_proxy_request_duration_seconds_count{model="alpha:1b",node="ad-a"} 1"#));
-        assert!(text.contains(r#"fleetgate_proxy_time_to_first_token_seconds_count{model="alpha:1b",node="ad-a"} 1"#));
-        assert!(text.contains(r#"fleetgate_fleet_in_flight_requests{model="alpha:1b",node="ad-a"} 0"#));
+        // The request is accounted right after its last byte is written: wait for that.
+        let expected = [
+            r#"fleetgate_proxy_requests_total{model="alpha:1b",node="ad-a",protocol="openai_chat",status="200"} 1"#,
+            r#"fleetgate_proxy_request_duration_seconds_count{model="alpha:1b",node="ad-a"} 1"#,
+            r#"fleetgate_proxy_time_to_first_token_seconds_count{model="alpha:1b",node="ad-a"} 1"#,
+            r#"fleetgate_fleet_in_flight_requests{model="alpha:1b",node="ad-a"} 0"#,
+        ];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let text = c.get(gw.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+            let missing: Vec<_> = expected.iter().filter(|l| !text.contains(*l)).collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "missing {missing:?} in\n{text}");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     });
 }
 

@@ -151,14 +151,7 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
         }
         nodes.sort();
         assert_eq!(nodes, ["pw-a", "pw-a", "pw-a", "pw-b", "pw-b", "pw-b"]);
-        let metrics = client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&gw).await;
         assert!(
             metrics.contains(r#"fleetgate_queue_prewarms_total{model="m:7b",node="pw-b"} 1"#),
             "{metrics}"
@@ -171,14 +164,7 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
 
 /// Requests a node served, from the gateway's own counter.
 async fn served_by(gw: &Gateway, node: &str) -> u64 {
-    let text = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(gw).await;
     text.lines()
         .filter(|l| {
             l.starts_with("fleetgate_proxy_requests_total{")

@@ -315,3 +315,68 @@ fn explain_shows_every_node_and_sends_nothing() {
     });
     assert_eq!(served(&a) + served(&b) + served(&c), 0);
 }
+
+#[test]
+fn a_cold_load_makes_the_node_hot_at_once() {
+    let rt = runtime();
+    let m = "  - {name: big:32b, size_gb: 20, cold_load_ms: 30}\n";
+    let a = sim(&rt, &spec(2, 128, m));
+    let b = sim(&rt, &spec(2, 128, m));
+    let gw = Gateway::start(&format!(
+        "{QUIET}{}",
+        fleet(&[
+            node("cl-a", &a, "      bandwidth_gbps: 100\n"),
+            node("cl-b", &b, "      bandwidth_gbps: 800\n"),
+        ])
+    ));
+    rt.block_on(async {
+        // Cold everywhere, the faster node is preferred for a 20 GB model ...
+        let v: Value = client()
+            .post(gw.admin_url("/fleet/explain"))
+            .json(&chat("big:32b", "x"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["winner"]["node_id"], "cl-b");
+        // ... but once cl-a has loaded it (no poll in between), cl-a is the hot one.
+        let r = post(&gw, &chat("big:32b", "x"), &[("x-fleet-pin-node", "cl-a")]).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let r = post(&gw, &chat("big:32b", "y"), &[]).await;
+        assert_eq!(node_of(&r), "cl-a");
+    });
+    assert_eq!(b.control().stats().loads.len(), 0, "no second cold load");
+}
+
+#[test]
+fn replicas_agree_on_conversation_affinity_without_shared_state() {
+    let rt = runtime();
+    let m = "  - {name: m:7b, size_gb: 5, loaded: true}\n";
+    let sims: Vec<_> = (0..4).map(|_| sim(&rt, &spec(4, 64, m))).collect();
+    let nodes: Vec<String> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| node(&format!("rep-{i}"), s, ""))
+        .collect();
+    let yaml = format!("{QUIET}{}", fleet(&nodes));
+    let (one, two) = (Gateway::start(&yaml), Gateway::start(&yaml));
+    rt.block_on(async {
+        for c in 0..8 {
+            let tag = format!("conversation-{c}");
+            let h = [
+                ("x-fleet-conversation", tag.as_str()),
+                ("authorization", "Bearer team-a"),
+            ];
+            let a = post(&one, &chat("m:7b", "x"), &h).await;
+            let b = post(&two, &chat("m:7b", "x"), &h).await;
+            assert_eq!(
+                node_of(&a),
+                node_of(&b),
+                "{tag}: both replicas pick the same node"
+            );
+        }
+    });
+}

@@ -136,12 +136,12 @@ pub fn explain_json(
 ) -> Result<serde_json::Value, String> {
     let ep = protocol::detect("POST", path)
         .ok_or_else(|| format!("not a routed endpoint: POST {path}"))?;
-    let (_, req) = intake::prepare(&fleet.config, ep, body, headers)?;
+    let (_, req) = intake::prepare(&fleet.config(), ep, body, headers)?;
     let view = fleet.view();
     let decision = routing::decide(
         &req,
         &view,
-        &fleet.config.routing.policy,
+        &fleet.config().routing.policy,
         fleet,
         crate::services::now_ms(),
     );
@@ -213,12 +213,12 @@ pub fn explain_offline(
     let h = RequestHeader::build("POST", path.as_bytes(), None).map_err(|e| e.to_string())?;
     let ep = protocol::detect("POST", path)
         .ok_or_else(|| format!("not a routed endpoint: POST {path}"))?;
-    let (_, req) = intake::prepare(&fleet.config, ep, body, &h)?;
+    let (_, req) = intake::prepare(&fleet.config(), ep, body, &h)?;
     let view = fleet.view();
     let decision = routing::decide(
         &req,
         &view,
-        &fleet.config.routing.policy,
+        &fleet.config().routing.policy,
         fleet.as_ref(),
         crate::services::now_ms(),
     );

@@ -1,6 +1,9 @@
-//! Admin listener: `/metrics`, `/fleet/status` (more endpoints land with later stages).
+//! Admin listener: `/metrics`, `/fleet/status`, agent heartbeats, node pause/resume/drain.
 
+mod auth;
+mod control;
 pub mod explain;
+pub mod heartbeat;
 mod status;
 
 use std::net::TcpListener;
@@ -38,6 +41,8 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/fleet/status", get(status))
+        .merge(heartbeat::routes())
+        .merge(control::routes())
         .route("/fleet/queue", get(queue))
         .merge(explain::routes())
         .with_state(fleet)

@@ -24,6 +24,23 @@ pub struct FileConfig {
     pub models: ModelsFile,
     #[serde(default)]
     pub fleet: FleetFile,
+    #[serde(default)]
+    pub breaker: BreakerFile,
+    #[serde(default)]
+    pub learning: LearningFile,
+    /// Settings of `fleetgate agent` (the gateway ignores them).
+    pub agent: Option<AgentFile>,
+    #[serde(default)]
+    pub access_log: AccessLogFile,
+}
+
+/// One JSON line per proxied request, written off the request path.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogFile {
+    pub enabled: bool,
+    /// File to append to; standard output when absent.
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -76,6 +93,10 @@ pub struct HealthFile {
     pub poll_interval_ms: u64,
     pub poll_timeout_ms: u64,
     pub failures_before_offline: u32,
+    /// A node that comes back (polls answer again, heartbeats resume) is in warmup this long.
+    pub warmup_s: u64,
+    /// A node whose agent heartbeat is older than this is offline.
+    pub heartbeat_miss_s: u64,
 }
 
 impl Default for HealthFile {
@@ -84,6 +105,81 @@ impl Default for HealthFile {
             poll_interval_ms: 5_000,
             poll_timeout_ms: 2_000,
             failures_before_offline: 2,
+            warmup_s: 90,
+            heartbeat_miss_s: 90,
+        }
+    }
+}
+
+/// Outcome-fed circuit breaker (spec 003).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerFile {
+    /// Consecutive fault-qualifying outcomes that open the breaker.
+    pub failure_threshold: u32,
+    /// How long an open breaker keeps the node (or node:model) out before a half-open trial.
+    pub cooldown_s: u64,
+}
+
+impl Default for BreakerFile {
+    fn default() -> Self {
+        BreakerFile {
+            failure_threshold: 5,
+            cooldown_s: 30,
+        }
+    }
+}
+
+/// Capacity learning (spec 000, Adaptive Capacity): where learned baselines are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LearningFile {
+    /// Directory of the learner's state file (`capacity.json`); none: not persisted.
+    pub state_dir: Option<String>,
+    /// How often the state file is rewritten (also on shutdown).
+    pub save_interval_s: u64,
+}
+
+impl Default for LearningFile {
+    fn default() -> Self {
+        LearningFile {
+            state_dir: None,
+            save_interval_s: 60,
+        }
+    }
+}
+
+/// `fleetgate agent`: heartbeats host facts of this node to the gateway's admin listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentFile {
+    /// The gateway's admin listener, e.g. http://10.0.0.1:9090.
+    pub gateway_url: String,
+    pub node_id: String,
+    /// The local backend, as the gateway should reach it.
+    pub backend_url: String,
+    pub backend: Backend,
+    pub interval_ms: u64,
+    /// Bearer token (`fleet.agent_token` or `server.admin_token` of the gateway).
+    pub token: Option<String>,
+    pub memory_gb: Option<f64>,
+    pub bandwidth_gbps: Option<f64>,
+    /// Root that `/proc` and `/sys` are read under (tests point it at a fake tree).
+    pub sys_root: String,
+}
+
+impl Default for AgentFile {
+    fn default() -> Self {
+        AgentFile {
+            gateway_url: "http://127.0.0.1:9090".into(),
+            node_id: String::new(),
+            backend_url: "http://127.0.0.1:11434".into(),
+            backend: Backend::Ollama,
+            interval_ms: 5_000,
+            token: None,
+            memory_gb: None,
+            bandwidth_gbps: None,
+            sys_root: "/".into(),
         }
     }
 }
@@ -172,6 +268,10 @@ pub const DEFAULT_AFFINITY_SECRET: &str = "fleetgate-affinity";
 #[serde(deny_unknown_fields, default)]
 pub struct FleetFile {
     pub nodes: Vec<NodeFile>,
+    /// Accept heartbeats from nodes not in `nodes` and add them to the fleet.
+    pub allow_registration: bool,
+    /// Bearer token agents may use for heartbeats (the admin token is accepted too).
+    pub agent_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, serde::Serialize)]
@@ -179,7 +279,27 @@ pub struct FleetFile {
 pub enum Backend {
     Ollama,
     Openai,
+    /// OpenAI-compatible, plus `/metrics` (requests running / waiting).
+    Vllm,
+    /// llama.cpp server: OpenAI-compatible, plus `/props` and `/slots`.
+    Llamacpp,
     Sim,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ollama" => Ok(Backend::Ollama),
+            "openai" => Ok(Backend::Openai),
+            "vllm" => Ok(Backend::Vllm),
+            "llamacpp" => Ok(Backend::Llamacpp),
+            "sim" => Ok(Backend::Sim),
+            _ => Err(format!(
+                "unknown backend {s:?}: expected ollama, openai, vllm, llamacpp or sim"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -208,6 +328,9 @@ pub struct NodeFile {
     /// Static model facts (what the backend cannot report, or a what-if fleet for `explain`).
     #[serde(default)]
     pub models: Vec<ModelFile>,
+    /// Capacity learning from this node's agent heartbeats (spec 000, opt-in).
+    #[serde(default)]
+    pub learning: bool,
     /// For `backend: sim`: the simulated node the gateway starts in-process on `url`'s port.
     pub sim: Option<SimSpec>,
 }

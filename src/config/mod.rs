@@ -35,6 +35,37 @@ pub struct Config {
     pub fallbacks: BTreeMap<String, Vec<String>>,
     pub require_warm: Vec<String>,
     pub nodes: Vec<NodeConfig>,
+    pub breaker: Breaker,
+    pub learning: Learning,
+    /// Heartbeats from unknown nodes register them (`fleet.allow_registration`).
+    pub allow_registration: bool,
+    /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
+    pub agent_token: Option<String>,
+    pub access_log: AccessLog,
+}
+
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    pub failure_threshold: u32,
+    pub cooldown: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Learning {
+    pub state_dir: Option<std::path::PathBuf>,
+    pub save_interval: Duration,
+}
+
+/// Where the access log goes; `None`: no access log.
+#[derive(Debug, Clone, Default)]
+pub struct AccessLog {
+    pub target: Option<AccessLogTarget>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Stdout,
+    File(std::path::PathBuf),
 }
 
 #[derive(Debug, Clone)]
@@ -51,6 +82,8 @@ pub struct Health {
     pub poll_interval: Duration,
     pub poll_timeout: Duration,
     pub failures_before_offline: u32,
+    pub warmup: Duration,
+    pub heartbeat_miss: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +117,10 @@ pub struct NodeConfig {
     pub overhead_tokens: u32,
     pub models: Vec<ModelFile>,
     pub sim: Option<SimSpec>,
+    /// Capacity learning from agent heartbeats.
+    pub learning: bool,
+    /// Registered by a heartbeat, not from the config file.
+    pub dynamic: bool,
 }
 
 impl Config {
@@ -153,6 +190,21 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             f.routing.chars_per_token
         ));
     }
+    if f.fleet.nodes.is_empty() && !f.fleet.allow_registration {
+        errors.push(
+            "field `fleet.nodes`: empty: expected at least one node (or fleet.allow_registration: true)"
+                .into(),
+        );
+    }
+    if f.breaker.failure_threshold == 0 {
+        errors.push("field `breaker.failure_threshold`: value 0: expected at least 1".into());
+    }
+    if f.learning.save_interval_s == 0 {
+        errors.push("field `learning.save_interval_s`: value 0: expected at least 1".into());
+    }
+    if let Some(a) = &f.agent {
+        validate_agent(&mut errors, a);
+    }
     if let Err(e) = f.routing.policy.validate() {
         errors.push(format!(
             "field `routing.policy.{}`: value {}: expected {}",
@@ -177,9 +229,6 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
-    if f.fleet.nodes.is_empty() {
-        errors.push("field `fleet.nodes`: empty: expected at least one node".into());
-    }
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
     for (i, n) in f.fleet.nodes.into_iter().enumerate() {
@@ -194,9 +243,20 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    if f.access_log.path.as_deref() == Some("") {
+        errors.push(
+            "field `access_log.path`: empty: expected a file path (or no path for stdout)".into(),
+        );
+    }
     if !errors.is_empty() {
         return Err(ConfigError(errors));
     }
+    let access_log = AccessLog {
+        target: f.access_log.enabled.then(|| match f.access_log.path {
+            Some(p) => AccessLogTarget::File(p.into()),
+            None => AccessLogTarget::Stdout,
+        }),
+    };
     Ok(Config {
         listen,
         admin_listen,
@@ -214,6 +274,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             poll_interval: Duration::from_millis(f.health.poll_interval_ms),
             poll_timeout: Duration::from_millis(f.health.poll_timeout_ms),
             failures_before_offline: f.health.failures_before_offline.max(1),
+            warmup: Duration::from_secs(f.health.warmup_s),
+            heartbeat_miss: Duration::from_secs(f.health.heartbeat_miss_s),
         },
         routing: Routing {
             retries: f.routing.retries,
@@ -228,7 +290,62 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         fallbacks: f.models.fallbacks,
         require_warm: f.models.require_warm,
         nodes,
+        breaker: Breaker {
+            failure_threshold: f.breaker.failure_threshold,
+            cooldown: Duration::from_secs(f.breaker.cooldown_s),
+        },
+        learning: Learning {
+            state_dir: f.learning.state_dir.map(std::path::PathBuf::from),
+            save_interval: Duration::from_secs(f.learning.save_interval_s),
+        },
+        allow_registration: f.fleet.allow_registration,
+        agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
+        access_log,
     })
+}
+
+/// Check the `agent:` section (used by `fleetgate agent`; validated with the rest).
+pub fn validate_agent(errors: &mut Vec<String>, a: &AgentFile) {
+    for (field, url) in [
+        ("gateway_url", &a.gateway_url),
+        ("backend_url", &a.backend_url),
+    ] {
+        if let Err(why) = parse_url(url) {
+            errors.push(format!("field `agent.{field}`: value {url:?}: {why}"));
+        }
+    }
+    if !valid_id(&a.node_id) {
+        errors.push(format!(
+            "field `agent.node_id`: value {:?}: expected letters, digits, '-', '_' or '.'",
+            a.node_id
+        ));
+    }
+    if a.interval_ms < 100 {
+        errors.push(format!(
+            "field `agent.interval_ms`: value {}: expected at least 100",
+            a.interval_ms
+        ));
+    }
+    for (field, v) in [
+        ("memory_gb", a.memory_gb),
+        ("bandwidth_gbps", a.bandwidth_gbps),
+    ] {
+        if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+            errors.push(format!(
+                "field `agent.{field}`: value {}: expected a positive number",
+                v.unwrap_or_default()
+            ));
+        }
+    }
+}
+
+/// Node ids: non-empty, letters, digits, '-', '_' or '.' (they become metric labels).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 fn validate_node(
@@ -239,12 +356,7 @@ fn validate_node(
 ) -> Option<NodeConfig> {
     let at = format!("fleet.nodes[{i}]");
     let before = errors.len();
-    if n.id.is_empty()
-        || !n
-            .id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !valid_id(&n.id) {
         errors.push(format!(
             "field `{at}.id`: value {:?}: expected letters, digits, '-', '_' or '.'",
             n.id
@@ -306,11 +418,7 @@ fn validate_node(
     if errors.len() > before {
         return None;
     }
-    let families = n.protocols.unwrap_or_else(|| match n.backend {
-        Backend::Ollama => vec![Family::OpenAI, Family::Ollama],
-        Backend::Openai => vec![Family::OpenAI],
-        Backend::Sim => vec![Family::OpenAI, Family::Ollama, Family::Anthropic],
-    });
+    let families = n.protocols.unwrap_or_else(|| default_families(n.backend));
     let seats = n
         .capacity
         .or_else(|| n.sim.as_ref().map(|s| s.seats.max(1)));
@@ -333,7 +441,58 @@ fn validate_node(
         overhead_tokens: n.overhead_tokens,
         models: n.models,
         sim: n.sim,
+        learning: n.learning,
+        dynamic: false,
     })
+}
+
+/// Wire protocols a backend speaks when the config does not say.
+pub fn default_families(b: Backend) -> Vec<Family> {
+    match b {
+        Backend::Ollama => vec![Family::OpenAI, Family::Ollama],
+        Backend::Openai | Backend::Vllm | Backend::Llamacpp => vec![Family::OpenAI],
+        Backend::Sim => vec![Family::OpenAI, Family::Ollama, Family::Anthropic],
+    }
+}
+
+impl NodeConfig {
+    /// A node that registered through a heartbeat: what the agent told us, defaults for the rest.
+    pub fn dynamic(
+        id: &str,
+        url: &str,
+        backend: Backend,
+        memory_gb: Option<f64>,
+        bandwidth_gbps: Option<f64>,
+        output_reserve: u32,
+    ) -> Result<NodeConfig, String> {
+        if !valid_id(id) {
+            return Err(format!(
+                "node id {id:?}: expected letters, digits, '-', '_' or '.'"
+            ));
+        }
+        let (host, addr) = parse_url(url).map_err(|why| format!("backend_url {url:?}: {why}"))?;
+        Ok(NodeConfig {
+            id: id.to_string(),
+            url: url.to_string(),
+            addr,
+            host,
+            backend,
+            seats: None,
+            hard_cap: None,
+            memory_gb: memory_gb.filter(|v| v.is_finite() && *v > 0.0),
+            bandwidth_gbps: bandwidth_gbps.filter(|v| v.is_finite() && *v > 0.0),
+            tier: Tier::Provisional,
+            tags: Vec::new(),
+            families: default_families(backend),
+            max_context: None,
+            output_reserve,
+            overhead_tokens: 0,
+            models: Vec::new(),
+            sim: None,
+            learning: false,
+            dynamic: true,
+        })
+    }
 }
 
 /// `http://host:port` -> (Host header value, resolved address).

@@ -117,3 +117,21 @@ fn reference_config_documents_the_real_defaults() {
     let l = LimitsFile::default();
     assert_eq!(f.limits.max_body_bytes, l.max_body_bytes);
 }
+
+#[test]
+fn access_log_is_off_by_default_and_goes_to_stdout_or_a_file() {
+    let c = Config::from_yaml(MINIMAL).expect("valid");
+    assert_eq!(c.access_log.target, None);
+    let c = Config::from_yaml(&format!("access_log:\n  enabled: true\n{MINIMAL}")).expect("valid");
+    assert_eq!(c.access_log.target, Some(AccessLogTarget::Stdout));
+    let yaml = format!("access_log:\n  enabled: true\n  path: /tmp/a.log\n{MINIMAL}");
+    let c = Config::from_yaml(&yaml).expect("valid");
+    assert_eq!(
+        c.access_log.target,
+        Some(AccessLogTarget::File("/tmp/a.log".into()))
+    );
+    let err = Config::from_yaml(&format!("access_log:\n  path: \"\"\n{MINIMAL}")).unwrap_err();
+    assert!(err.to_string().contains("access_log.path"), "{err}");
+    let err = Config::from_yaml(&format!("access_log:\n  enable: true\n{MINIMAL}")).unwrap_err();
+    assert!(err.to_string().contains("enable"), "{err}");
+}

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::Breaker;
 use crate::queue::Waiter;
 use crate::routing::ModelLoad;
 
@@ -26,15 +27,29 @@ pub struct ModelCounters {
     tps_bits: AtomicU64,
     window: Mutex<Vec<f64>>,
     next: AtomicU64,
+    /// EWMA of time to first token in ms, as f64 bits (0 = unknown).
+    ttft_bits: AtomicU64,
+    /// What the backend itself reports running / waiting (vLLM `/metrics`, llama.cpp `/slots`).
+    reported_running: AtomicU32,
+    reported_waiting: AtomicU32,
+    /// The node:model circuit breaker (model-specific faults: 5xx, broken streams).
+    pub breaker: Mutex<Breaker>,
 }
 
 impl ModelCounters {
     pub fn load(&self) -> ModelLoad {
         let p75 = f64::from_bits(self.p75_bits.load(Ordering::Relaxed));
         let tps = f64::from_bits(self.tps_bits.load(Ordering::Relaxed));
+        // Node-reported load covers other gateways and direct clients: take the larger.
         ModelLoad {
-            in_flight: self.in_flight.load(Ordering::Relaxed),
-            pending: self.pending.load(Ordering::Relaxed),
+            in_flight: self
+                .in_flight
+                .load(Ordering::Relaxed)
+                .max(self.reported_running.load(Ordering::Relaxed)),
+            pending: self
+                .pending
+                .load(Ordering::Relaxed)
+                .max(self.reported_waiting.load(Ordering::Relaxed)),
             p75_ms: (p75 > 0.0).then_some(p75),
             observed_tps: (tps > 0.0).then_some(tps),
         }
@@ -60,19 +75,37 @@ impl ModelCounters {
         self.p75_bits.store(p75.to_bits(), Ordering::Relaxed);
     }
 
+    /// What the backend reports running and waiting for this model.
+    pub fn set_reported(&self, running: u32, waiting: u32) {
+        self.reported_running.store(running, Ordering::Relaxed);
+        self.reported_waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    /// Record one time to first token (EWMA, alpha 0.2).
+    pub fn observe_ttft(&self, ms: f64) {
+        ewma(&self.ttft_bits, ms);
+    }
+
+    /// EWMA of time to first token, ms.
+    pub fn ttft_ms(&self) -> Option<f64> {
+        let v = f64::from_bits(self.ttft_bits.load(Ordering::Relaxed));
+        (v > 0.0).then_some(v)
+    }
+
     /// Record observed output tokens/s (EWMA, alpha 0.2).
     pub fn observe_tps(&self, tps: f64) {
-        if !(tps.is_finite() && tps > 0.0) {
-            return;
-        }
-        let old = f64::from_bits(self.tps_bits.load(Ordering::Relaxed));
-        let new = if old > 0.0 {
-            old * 0.8 + tps * 0.2
-        } else {
-            tps
-        };
-        self.tps_bits.store(new.to_bits(), Ordering::Relaxed);
+        ewma(&self.tps_bits, tps);
     }
+}
+
+/// Fold `x` into an f64-bits EWMA (alpha 0.2); the first sample is taken as is.
+fn ewma(slot: &AtomicU64, x: f64) {
+    if !(x.is_finite() && x > 0.0) {
+        return;
+    }
+    let old = f64::from_bits(slot.load(Ordering::Relaxed));
+    let new = if old > 0.0 { old * 0.8 + x * 0.2 } else { x };
+    slot.store(new.to_bits(), Ordering::Relaxed);
 }
 
 #[cfg(test)]

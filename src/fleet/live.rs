@@ -12,6 +12,9 @@ pub struct LiveModel {
     pub loaded: bool,
     pub on_disk: bool,
     pub unloaded_at_ms: Option<u64>,
+    /// Requests the backend says it is running / has waiting for this model (vLLM, llama.cpp).
+    pub running: Option<u32>,
+    pub waiting: Option<u32>,
 }
 
 /// The outcome of one poll of a node.
@@ -35,6 +38,8 @@ pub struct NodeLive {
     pub consecutive_failures: u32,
     pub last_error: Option<String>,
     pub last_ok_ms: Option<u64>,
+    /// When polls answered again after the node was offline (starts warmup).
+    pub back_since_ms: Option<u64>,
     pub models: Vec<LiveModel>,
     pub seats: Option<u32>,
     pub free_memory_gb: Option<f64>,
@@ -57,6 +62,10 @@ impl NodeLive {
                         Some(o) if !m.loaded => o.unloaded_at_ms,
                         _ => None,
                     };
+                }
+                // A comeback (not a first answer: a node that was never up is not reconnecting).
+                if self.health == Health::Offline && self.polled {
+                    self.back_since_ms = Some(now_ms);
                 }
                 let changed = self.health != Health::Online
                     || !self.polled
@@ -83,5 +92,68 @@ impl NodeLive {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(now_ms: u64, loaded: bool) -> PollReport {
+        PollReport::Ok {
+            models: vec![LiveModel {
+                name: "m".into(),
+                loaded,
+                on_disk: true,
+                ..LiveModel::default()
+            }],
+            seats: None,
+            now_ms,
+        }
+    }
+
+    fn failed() -> PollReport {
+        PollReport::Failed {
+            error: "refused".into(),
+        }
+    }
+
+    #[test]
+    fn offline_after_n_failures_and_back_since_on_return() {
+        let mut l = NodeLive::default();
+        assert!(l.apply(ok(0, true), 2));
+        assert_eq!(l.back_since_ms, None, "first answer is not a comeback");
+        assert!(!l.apply(failed(), 2));
+        assert_eq!(l.health, Health::Online);
+        assert!(l.apply(failed(), 2));
+        assert_eq!(l.health, Health::Offline);
+        assert!(l.apply(ok(5_000, true), 2));
+        assert_eq!(l.health, Health::Online);
+        assert_eq!(l.back_since_ms, Some(5_000));
+    }
+
+    #[test]
+    fn first_answer_after_failing_from_the_start_is_no_comeback() {
+        let mut l = NodeLive::default();
+        l.apply(failed(), 1);
+        assert_eq!(l.health, Health::Offline);
+        l.apply(ok(7, true), 1);
+        assert_eq!((l.health, l.back_since_ms), (Health::Online, None));
+    }
+
+    #[test]
+    fn unload_is_remembered() {
+        let mut l = NodeLive::default();
+        l.apply(ok(0, true), 2);
+        assert!(l.apply(ok(1_000, false), 2));
+        assert_eq!(l.models[0].unloaded_at_ms, Some(1_000));
+        l.apply(ok(2_000, false), 2);
+        assert_eq!(
+            l.models[0].unloaded_at_ms,
+            Some(1_000),
+            "kept, not refreshed"
+        );
+        l.apply(ok(3_000, true), 2);
+        assert_eq!(l.models[0].unloaded_at_ms, None);
     }
 }

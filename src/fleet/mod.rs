@@ -1,22 +1,39 @@
 //! Node registry and live state: a `FleetView` snapshot published with ArcSwap, per node and
-//! node:model counters (atomics), latency windows, leases.
+//! node:model counters (atomics), latency windows, leases, breakers, heartbeats, admin
+//! controls and capacity learning. Nodes are only ever added (registration), so an index into
+//! the fleet stays valid for the life of the process.
 
+mod breaker;
+mod calibrate;
 mod counters;
+mod heartbeat;
+mod learning;
 mod live;
+mod presence;
+mod reload;
+mod state;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
 pub use crate::queue::Lease;
+pub use breaker::{Breaker, BreakerPolicy, BreakerState, Outcome};
+pub use calibrate::Calibration;
 pub use counters::ModelCounters;
+pub use heartbeat::{AgentState, BackendReport, Heartbeat};
+pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
+pub use presence::{effective_health, AdminControl, HealthInputs};
+pub use reload::ReloadReport;
+pub use state::Control;
 
 use crate::config::{Config, NodeConfig};
 use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView};
+use crate::services::now_ms;
 
 /// Live state of one node.
 #[derive(Debug, Default)]
@@ -26,6 +43,11 @@ pub struct NodeState {
     hard_cap: AtomicU32,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
     pub live: Mutex<NodeLive>,
+    pub agent: Mutex<AgentState>,
+    pub breaker: Mutex<Breaker>,
+    pub control: Mutex<AdminControl>,
+    /// Some on nodes with `learning: true`.
+    pub learner: Mutex<Option<Learner>>,
 }
 
 impl NodeState {
@@ -65,11 +87,22 @@ impl NodeState {
     }
 }
 
-/// The fleet: static node config, live state per node, and the current routing snapshot.
+/// The fleet: node config, live state per node, and the current routing snapshot.
 pub struct Fleet {
-    pub config: Arc<Config>,
-    nodes: Vec<Arc<NodeState>>,
+    /// The configuration in force; `reload` swaps it.
+    config: ArcSwap<Config>,
+    /// The file it came from, for reloads (None: built from text, e.g. in tests).
+    config_path: Mutex<Option<std::path::PathBuf>>,
+    configs: ArcSwap<Vec<Arc<NodeConfig>>>,
+    nodes: ArcSwap<Vec<Arc<NodeState>>>,
+    /// Serialises registrations (the only writer of `configs`/`nodes`).
+    registering: Mutex<()>,
     view: ArcSwap<FleetView>,
+    /// When time alone next changes the view (a warmup or cooldown ends, a heartbeat goes
+    /// stale), ms; `view()` republishes once it has passed.
+    next_due_ms: AtomicU64,
+    /// Per-model chars-per-token, from the `usage` nodes report.
+    pub calibration: Calibration,
     /// Woken whenever the snapshot changes (the holding queue rescans then).
     pub changed: tokio::sync::Notify,
     /// Requests waiting in this gateway (node:model queues and the holding queue).
@@ -80,15 +113,17 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new(config: Arc<Config>) -> Arc<Fleet> {
-        let nodes = config
-            .nodes
-            .iter()
-            .map(|_| Arc::new(NodeState::default()))
-            .collect();
+        let configs: Vec<_> = config.nodes.iter().cloned().map(Arc::new).collect();
+        let nodes = configs.iter().map(|c| Arc::new(new_state(c))).collect();
         let fleet = Fleet {
-            config,
-            nodes,
+            config: ArcSwap::new(config),
+            config_path: Mutex::new(None),
+            configs: ArcSwap::from_pointee(configs),
+            nodes: ArcSwap::from_pointee(nodes),
+            registering: Mutex::new(()),
             view: ArcSwap::from_pointee(FleetView::default()),
+            next_due_ms: AtomicU64::new(u64::MAX),
+            calibration: Calibration::default(),
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
             ops: Default::default(),
@@ -97,65 +132,177 @@ impl Fleet {
         Arc::new(fleet)
     }
 
-    pub fn nodes(&self) -> &[Arc<NodeState>] {
-        &self.nodes
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
     }
 
-    pub fn node_config(&self, idx: usize) -> &NodeConfig {
-        &self.config.nodes[idx]
+    /// Remember the file the configuration came from, for reloads.
+    pub fn set_config_path(&self, path: std::path::PathBuf) {
+        *self.config_path.lock() = Some(path);
+    }
+
+    pub fn config_path(&self) -> Option<std::path::PathBuf> {
+        self.config_path.lock().clone()
+    }
+
+    /// Every node's live state, by index (same order as the view).
+    pub fn nodes(&self) -> Arc<Vec<Arc<NodeState>>> {
+        self.nodes.load_full()
+    }
+
+    /// Node `idx`'s live state. Indices come from a published view: always valid.
+    pub fn node(&self, idx: usize) -> Arc<NodeState> {
+        self.nodes.load()[idx].clone()
+    }
+
+    pub fn node_config(&self, idx: usize) -> Arc<NodeConfig> {
+        self.configs.load()[idx].clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.configs.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.config.nodes.iter().position(|n| n.id == id)
+        self.configs.load().iter().position(|n| n.id == id)
+    }
+
+    /// Add a node (a heartbeat from an unknown node with registration on); returns its index.
+    /// An id that is already known returns the existing index.
+    pub fn register(&self, cfg: NodeConfig) -> usize {
+        let _guard = self.registering.lock();
+        if let Some(i) = self.index_of(&cfg.id) {
+            return i;
+        }
+        crate::metrics::register_nodes([cfg.id.as_str()]);
+        let cfg = Arc::new(cfg);
+        let mut nodes = Vec::clone(&self.nodes.load());
+        nodes.push(Arc::new(new_state(&cfg)));
+        let mut configs = Vec::clone(&self.configs.load());
+        configs.push(cfg);
+        // Nodes first: a reader that sees the new config always finds its state.
+        self.nodes.store(Arc::new(nodes));
+        self.configs.store(Arc::new(configs));
+        self.publish();
+        self.len() - 1
+    }
+
+    /// Replace node `idx`'s settings (a reload); its live state stays.
+    fn replace_node_config(&self, idx: usize, cfg: NodeConfig) {
+        let _guard = self.registering.lock();
+        let mut configs = Vec::clone(&self.configs.load());
+        configs[idx] = Arc::new(cfg);
+        self.configs.store(Arc::new(configs));
+    }
+
+    fn store_config(&self, config: Arc<Config>) {
+        self.config.store(config);
+        self.publish();
     }
 
     /// The current routing snapshot.
     pub fn view(&self) -> Arc<FleetView> {
+        if now_ms() >= self.next_due_ms.load(Ordering::Relaxed) {
+            self.publish();
+        }
         self.view.load_full()
     }
 
     /// Take a seat on node:model without queueing (failover); released when the lease drops.
     pub fn lease(&self, idx: usize, model: &str) -> Lease {
-        Lease::force(idx, &self.nodes[idx], self.nodes[idx].counters(model))
+        self.on_dispatch(idx, model);
+        let node = self.node(idx);
+        Lease::force(idx, &node, node.counters(model))
     }
 
     /// Ask for a seat on node:model: at once or a place in its queue (Stage 3).
     pub fn acquire(&self, idx: usize, model: &str) -> crate::queue::Acquire {
-        crate::queue::acquire(idx, &self.nodes[idx], model)
+        self.on_dispatch(idx, model);
+        crate::queue::acquire(idx, &self.node(idx), model)
+    }
+
+    /// A request is being sent to node:model: a half-open breaker makes it the one trial.
+    fn on_dispatch(&self, idx: usize, model: &str) {
+        let node = self.node(idx);
+        let now = now_ms();
+        let node_trial = node.breaker.lock().on_dispatch(now);
+        let model_trial = node
+            .peek(model)
+            .is_some_and(|c| c.breaker.lock().on_dispatch(now));
+        if node_trial || model_trial {
+            self.publish();
+        }
     }
 
     /// Apply one poll result for node `idx`; returns true when routing-relevant state changed.
     pub fn apply_poll(&self, idx: usize, report: PollReport, failures_before_offline: u32) -> bool {
-        let changed = self.nodes[idx]
-            .live
-            .lock()
-            .apply(report, failures_before_offline);
+        let node = self.node(idx);
+        if let PollReport::Ok { models, .. } = &report {
+            for m in models {
+                if m.running.is_some() || m.waiting.is_some() {
+                    node.counters(&m.name)
+                        .set_reported(m.running.unwrap_or(0), m.waiting.unwrap_or(0));
+                }
+            }
+        }
+        let changed = node.live.lock().apply(report, failures_before_offline);
         if changed {
             self.publish();
         }
         changed
     }
 
+    /// The node answered a request for `model` with success: it is loaded there now, whatever
+    /// the last poll said (a cold load just happened). Routing sees it at once, not at the
+    /// next poll, so a burst for a cold model queues at the node that loaded it.
+    pub fn mark_loaded(&self, idx: usize, model: &str) {
+        {
+            let node = self.node(idx);
+            let mut live = node.live.lock();
+            if !live.polled {
+                return;
+            }
+            match live.models.iter_mut().find(|m| m.name == model) {
+                Some(m) if m.loaded => return,
+                Some(m) => {
+                    m.loaded = true;
+                    m.unloaded_at_ms = None;
+                }
+                None => live.models.push(LiveModel {
+                    name: model.to_string(),
+                    loaded: true,
+                    on_disk: true,
+                    ..LiveModel::default()
+                }),
+            }
+        }
+        self.publish();
+    }
+
     /// Rebuild the routing snapshot from config + live state.
     pub fn publish(&self) {
-        let nodes = self
-            .config
-            .nodes
-            .iter()
-            .zip(&self.nodes)
-            .map(|(cfg, st)| node_view(cfg, &st.live.lock()))
-            .collect::<Vec<_>>();
-        for (idx, (view, st)) in nodes.iter().zip(&self.nodes).enumerate() {
-            self.set_seats(idx, view, st);
+        self.store_view(self.build_view(now_ms()));
+    }
+
+    /// Make `view` current: seats follow it, waiters are woken.
+    fn store_view(&self, view: FleetView) {
+        let states = self.nodes.load();
+        for (idx, (v, st)) in view.nodes.iter().zip(states.iter()).enumerate() {
+            self.set_seats(idx, v, st);
         }
-        self.view.store(Arc::new(FleetView { nodes }));
+        self.view.store(Arc::new(view));
         self.changed.notify_waiters();
     }
 
     /// Seats per node:model and the node's hard cap, from the new snapshot; frees waiters
     /// when seats grew.
     fn set_seats(&self, idx: usize, view: &NodeView, st: &Arc<NodeState>) {
-        let cfg = &self.config.nodes[idx];
+        let cfg = self.node_config(idx);
         let known = cfg.seats.or(st.live.lock().seats);
         let held: f64 = view
             .models
@@ -175,10 +322,116 @@ impl Fleet {
         }
         crate::queue::pump(idx, st);
     }
+
+    /// The view as of `now`; also records when time alone will next change it.
+    fn build_view(&self, now: u64) -> FleetView {
+        let params = self.view_params();
+        let configs = self.configs.load();
+        let nodes = self.nodes.load();
+        let mut due = u64::MAX;
+        let nodes = configs
+            .iter()
+            .zip(nodes.iter())
+            .map(|(cfg, st)| {
+                due = due.min(next_due(st, now, &params).unwrap_or(u64::MAX));
+                node_view(cfg, st, now, &params)
+            })
+            .collect();
+        self.next_due_ms.store(due, Ordering::Relaxed);
+        FleetView { nodes }
+    }
+
+    fn view_params(&self) -> ViewParams {
+        ViewParams {
+            warmup_ms: self.config().health.warmup.as_millis() as u64,
+            miss_ms: self.config().health.heartbeat_miss.as_millis() as u64,
+        }
+    }
+
+    /// Republish when time alone changed what routing sees (warmup over, heartbeat missed,
+    /// breaker cooldown over). Returns true when it did.
+    pub fn tick(&self, now: u64) -> bool {
+        let fresh = self.build_view(now);
+        let old = self.view.load();
+        if state::signature(&fresh) == state::signature(&old) {
+            return false;
+        }
+        self.store_view(fresh);
+        true
+    }
 }
 
-/// Merge static facts with what the backend last reported.
-fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
+/// The live state a node starts with (a learner when learning is on).
+fn new_state(cfg: &NodeConfig) -> NodeState {
+    let st = NodeState::default();
+    if cfg.learning {
+        *st.learner.lock() = Some(Learner::default());
+    }
+    st
+}
+
+struct ViewParams {
+    warmup_ms: u64,
+    miss_ms: u64,
+}
+
+/// The earliest future moment at which time alone changes this node's view.
+fn next_due(st: &NodeState, now: u64, p: &ViewParams) -> Option<u64> {
+    let live_back = st.live.lock().back_since_ms;
+    let agent = st.agent.lock();
+    let mut times = vec![
+        live_back.map(|t| t + p.warmup_ms),
+        agent.back_since_ms.map(|t| t + p.warmup_ms),
+        agent.last_ms.map(|t| t + p.miss_ms + 1),
+        st.breaker.lock().open_until_ms(),
+    ];
+    for (_, c) in st.all_counters() {
+        times.push(c.breaker.lock().open_until_ms());
+    }
+    times.into_iter().flatten().filter(|t| *t > now).min()
+}
+
+/// Merge static facts with what the backend last reported, the agent's last heartbeat, the
+/// breakers, the admin controls and the learner, as of `now`.
+fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewParams) -> NodeView {
+    let live = st.live.lock();
+    let mut view = models_view(cfg, &live);
+    let agent = st.agent.lock();
+    let inputs = HealthInputs {
+        poll_offline: live.health == Health::Offline,
+        poll_back_since_ms: live.back_since_ms,
+        heartbeat_missed: agent.missed(now, p.miss_ms),
+        heartbeat_back_since_ms: agent.back_since_ms,
+        agent_draining: agent.fresh(now, p.miss_ms).is_some_and(|h| h.draining),
+        admin: *st.control.lock(),
+    };
+    view.health = effective_health(&inputs, now, p.warmup_ms);
+    view.breaker_open = !st.breaker.lock().admits(now);
+    for m in &mut view.models {
+        m.breaker_open = st
+            .peek(&m.name)
+            .is_some_and(|c| !c.breaker.lock().admits(now));
+    }
+    if let Some(hb) = agent.fresh(now, p.miss_ms) {
+        view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
+        view.pressure = hb.pressure;
+        view.thermal_throttled = hb.thermal_throttled;
+        view.bandwidth_gbps = view.bandwidth_gbps.or(hb.bandwidth_gbps);
+        if view.memory_gb <= 0.0 {
+            view.memory_gb = hb.total_memory_gb.unwrap_or(0.0);
+        }
+    }
+    view.learning = cfg.learning.then(|| {
+        st.learner
+            .lock()
+            .as_ref()
+            .map_or_else(|| Learner::default().output(now), |l| l.output(now))
+    });
+    view
+}
+
+/// The model list and static facts (config + last poll).
+fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
     let mut models: Vec<ModelView> = Vec::new();
     let cap = |ctx: u32| cfg.max_context.map_or(ctx, |m| m.min(ctx));
     // Static facts: the sim block and the `models:` list.
@@ -263,12 +516,14 @@ fn node_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
 impl Loads for Fleet {
     fn node_in_flight(&self, node: usize) -> u32 {
         self.nodes
+            .load()
             .get(node)
             .map_or(0, |n| n.in_flight.load(Ordering::Relaxed))
     }
 
     fn model(&self, node: usize, model: &str) -> ModelLoad {
         self.nodes
+            .load()
             .get(node)
             .and_then(|n| n.peek(model))
             .map_or_else(ModelLoad::default, |c| c.load())
@@ -278,6 +533,6 @@ impl Loads for Fleet {
 impl Fleet {
     /// True when the node answered its last poll(s).
     pub fn is_up(&self, idx: usize) -> bool {
-        self.nodes[idx].live.lock().health != Health::Offline
+        self.node(idx).live.lock().health != Health::Offline
     }
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::fleet::Lease;
-use crate::protocol::Endpoint;
+use crate::protocol::{Endpoint, ErrorCode};
 use crate::routing::{AffinityKind, Choice};
 
 /// What the client-facing request hands to its subrequest.
@@ -26,6 +26,9 @@ pub struct Dispatch {
     /// The client asked for a stream (SSE / NDJSON).
     pub stream: bool,
     pub max_retries: u32,
+    /// Prompt text characters and fixed (per-message/image) tokens, for calibration.
+    pub prompt_chars: usize,
+    pub prompt_fixed_tokens: u32,
     pub state: Mutex<Attempts>,
 }
 
@@ -48,6 +51,14 @@ pub struct Attempts {
     pub broken: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
+    /// Status the node answered with (the gateway's own error statuses are not in it).
+    pub upstream_status: Option<u16>,
+    /// The node broke off or timed out (not a client disconnect).
+    pub upstream_error: bool,
+    /// Token counting and `usage` of the response body.
+    pub observer: super::observe::StreamObserver,
+    /// The error the gateway answered with after the upstream failed.
+    pub code: Option<ErrorCode>,
 }
 
 impl Dispatch {

@@ -10,14 +10,21 @@ use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType}
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
+use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
+use super::place::Unplaced;
 use super::{intake, local, place, respond};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::protocol::{self, Endpoint, ErrorCode};
+use crate::protocol::{self, ErrorCode, Family};
 
 /// Serve one client request completely (the response is written when this returns Ok).
-pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result<()> {
+pub async fn client_request(
+    fleet: &Arc<Fleet>,
+    log: &AccessLog,
+    session: &mut Session,
+) -> Result<()> {
+    let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
     if let Some(l) = protocol::detect_local(&method, &path) {
@@ -26,20 +33,36 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
     let Some(ep) = protocol::detect(&method, &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
-        record_local("-", ErrorCode::InvalidRequest);
-        return respond::error(session, family, ErrorCode::InvalidRequest, &msg).await;
+        let code = ErrorCode::InvalidRequest;
+        return fail(session, log, &arrival, family, code, &msg).await;
     };
-    let body = match intake::read_body(session, fleet.config.limits.max_body_bytes).await? {
+    let family = ep.family();
+    arrival.protocol = ep.label();
+    let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
         Ok(b) => b,
-        Err((code, msg)) => return fail(session, ep, code, &msg).await,
+        Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
-    let (parsed, req) = match intake::prepare(&fleet.config, ep, &body, session.req_header()) {
+    arrival.bytes_in = body.len();
+    let (parsed, mut req) = match intake::prepare(&fleet.config(), ep, &body, session.req_header())
+    {
         Ok(v) => v,
-        Err(msg) => return fail(session, ep, ErrorCode::InvalidRequest, &msg).await,
+        Err(msg) => {
+            let code = ErrorCode::InvalidRequest;
+            return fail(session, log, &arrival, family, code, &msg).await;
+        }
     };
+    arrival.requested_model = parsed.model.clone();
+    // Prompt estimate with the chars-per-token calibrated from the nodes' `usage`.
+    let cpt = fleet
+        .calibration
+        .chars_per_token(&req.models[0], fleet.config().routing.chars_per_token);
+    req.prompt_tokens = parsed.estimated_prompt_tokens(cpt);
     let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
         Ok(p) => p,
-        Err(unplaced) => return place::answer(session, ep, unplaced).await,
+        Err(Unplaced::Error(code, msg)) => {
+            return fail(session, log, &arrival, family, code, &msg).await
+        }
+        Err(gone) => return place::answer(session, ep, gone).await,
     };
     let model = placement.ranked[0].model.clone();
     let body = if model != parsed.model {
@@ -56,27 +79,44 @@ pub async fn client_request(fleet: &Arc<Fleet>, session: &mut Session) -> Result
         started: Instant::now(),
         queue_wait: placement.queue_wait,
         stream: parsed.stream,
-        max_retries: fleet.config.routing.retries,
+        max_retries: fleet.config().routing.retries,
+        prompt_chars: parsed.prompt_chars,
+        prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
             ..Attempts::default()
         }),
     });
-    proxy_via_subrequest(session, &dispatch).await?;
-    record(&dispatch);
-    Ok(())
+    // Accounted even when the client went away mid-response: the node did the work.
+    let result = proxy_via_subrequest(session, &dispatch).await;
+    record(&dispatch, log, &arrival);
+    super::outcome::account(fleet, &dispatch);
+    result
 }
 
 /// Answer with an error the gateway produced before any node was involved.
-async fn fail(session: &mut Session, ep: Endpoint, code: ErrorCode, msg: &str) -> Result<()> {
-    record_local(ep.label(), code);
-    respond::error(session, ep.family(), code, msg).await
+async fn fail(
+    session: &mut Session,
+    log: &AccessLog,
+    arrival: &Arrival,
+    family: Family,
+    code: ErrorCode,
+    msg: &str,
+) -> Result<()> {
+    let body = protocol::error_body(family, code, msg);
+    record_local(arrival.protocol, code);
+    log.write(&arrival.local(code, body.len()));
+    respond::json(session, code.status(), body, respond::retry_after(code)).await
 }
 
 pub(super) fn record_local(protocol: &str, code: ErrorCode) {
     METRICS
         .requests
         .with_label_values(&["-", "-", protocol, &code.status().to_string()])
+        .inc();
+    METRICS
+        .errors
+        .with_label_values(&[protocol, code.as_str()])
         .inc();
 }
 
@@ -124,6 +164,7 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         let err = d.state.lock().error.clone().unwrap_or_default();
         d.state.lock().broken = true;
         if d.stream {
+            d.state.lock().code = Some(ErrorCode::UpstreamError);
             let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
             let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
             let _ = session.write_response_body(Some(chunk), true).await;
@@ -149,8 +190,14 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
                 format!("node {} failed: {err}", d.choice().node_id),
             )
         };
-        d.state.lock().status = Some(code.status());
-        return respond::error(session, d.endpoint.family(), code, &msg).await;
+        let body = protocol::error_body(d.endpoint.family(), code, &msg);
+        {
+            let mut st = d.state.lock();
+            st.status = Some(code.status());
+            st.code = Some(code);
+            st.body_bytes = body.len();
+        }
+        return respond::json(session, code.status(), body, respond::retry_after(code)).await;
     }
     Ok(())
 }
@@ -179,8 +226,8 @@ async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Rec
     }
 }
 
-/// Count the outcome of a proxied request and release its seat.
-fn record(d: &Dispatch) {
+/// Count the outcome of a proxied request, log it and release its seat.
+fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
     let c = d.choice();
     let mut st = d.state.lock();
     let lease = st.lease.take();
@@ -205,4 +252,11 @@ fn record(d: &Dispatch) {
             .with_label_values(&labels)
             .observe(fb.duration_since(d.started).as_secs_f64());
     }
+    if let Some(code) = st.code {
+        METRICS
+            .errors
+            .with_label_values(&[d.endpoint.label(), code.as_str()])
+            .inc();
+    }
+    log.write(&arrival.routed(d, &st, total));
 }

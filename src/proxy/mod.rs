@@ -6,10 +6,13 @@
 //! The subrequest runs the upstream hooks (`upstream_peer`, failover, response headers) and its
 //! response is piped back to the client unbuffered.
 
+pub mod access_log;
 mod dispatch;
 mod handle;
 pub mod intake;
 mod local;
+mod observe;
+mod outcome;
 mod place;
 mod respond;
 
@@ -42,11 +45,12 @@ pub const QUEUE_WAIT_HEADER: &str = "x-fleet-queue-wait-ms";
 
 pub struct Gateway {
     fleet: Arc<Fleet>,
+    access_log: access_log::AccessLog,
 }
 
 impl Gateway {
-    pub fn new(fleet: Arc<Fleet>) -> Gateway {
-        Gateway { fleet }
+    pub fn new(fleet: Arc<Fleet>, access_log: access_log::AccessLog) -> Gateway {
+        Gateway { fleet, access_log }
     }
 }
 
@@ -111,7 +115,7 @@ impl ProxyHttp for Gateway {
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        handle::client_request(&self.fleet, session).await?;
+        handle::client_request(&self.fleet, &self.access_log, session).await?;
         Ok(true)
     }
 
@@ -127,7 +131,7 @@ impl ProxyHttp for Gateway {
             );
         };
         let node = self.fleet.node_config(d.choice().node);
-        let limits = &self.fleet.config.limits;
+        let limits = &self.fleet.config().limits;
         let mut peer = HttpPeer::new(node.addr, false, String::new());
         peer.options.connection_timeout = Some(limits.connect_timeout);
         peer.options.read_timeout = Some(limits.read_timeout);
@@ -145,6 +149,13 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         let Some(d) = &ctx.dispatch else { return e };
         let failed = d.choice().node_id.clone();
+        let failed_idx = d.choice().node;
+        self.fleet.record_outcome(
+            failed_idx,
+            None,
+            crate::fleet::Outcome::Fault,
+            crate::services::now_ms(),
+        );
         d.state.lock().error = Some(format!(
             "cannot connect to node {failed} ({})",
             e.etype().as_str()
@@ -190,9 +201,13 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         let c = d.choice();
+        if c.cold && resp.status.is_success() {
+            self.fleet.mark_loaded(c.node, &c.model);
+        }
         let retries = {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
+            st.upstream_status = Some(resp.status.as_u16());
             st.retries
         };
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
@@ -221,6 +236,7 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.observer.feed(b);
         }
         Ok(None)
     }
@@ -234,6 +250,7 @@ impl ProxyHttp for Gateway {
         // The client-facing request writes the native error (or ends the stream) itself.
         if let Some(d) = &ctx.dispatch {
             let mut st = d.state.lock();
+            st.upstream_error |= *e.esource() == pingora::ErrorSource::Upstream;
             if st.error.is_none() || st.status.is_some() {
                 st.error = Some(e.to_string());
             }

@@ -76,7 +76,7 @@ fn no_route_error(
 
 fn decide(fleet: &Fleet, req: &RouteRequest) -> Decision {
     let view = fleet.view();
-    routing::decide(req, &view, &fleet.config.routing.policy, fleet, now_ms())
+    routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms())
 }
 
 /// Same-model candidates with the node that holds the seat first.
@@ -116,7 +116,7 @@ pub async fn place(
     parsed: &ParsedRequest,
     req: &RouteRequest,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
-    let q = &fleet.config.queue;
+    let q = &fleet.config().queue;
     let started = Instant::now();
     let hold_deadline = started + Duration::from_secs(q.holding_timeout_s);
     let mut board: Option<WaitingGuard> = None;
@@ -154,6 +154,7 @@ pub async fn place(
                             return Ok(Err(Unplaced::Gone));
                         }
                         _ = max_wait => {
+                            METRICS.queue_timeouts.with_label_values(&[&w.node_id, &w.model]).inc();
                             return Ok(Err(Unplaced::Error(
                                 ErrorCode::NoProviderAvailable,
                                 format!("no seat on node '{}' for model '{}' within {} s", w.node_id, w.model, q.max_wait_s),

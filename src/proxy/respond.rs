@@ -38,15 +38,18 @@ pub async fn error(
     code: ErrorCode,
     message: &str,
 ) -> Result<()> {
-    let retry_after = matches!(code, ErrorCode::NoProviderAvailable | ErrorCode::QueueFull)
-        .then_some(RETRY_AFTER_S);
     json(
         session,
         code.status(),
         protocol::error_body(family, code, message),
-        retry_after,
+        retry_after(code),
     )
     .await
+}
+
+/// `Retry-After` seconds for the codes that call for it.
+pub fn retry_after(code: ErrorCode) -> Option<u32> {
+    matches!(code, ErrorCode::NoProviderAvailable | ErrorCode::QueueFull).then_some(RETRY_AFTER_S)
 }
 
 /// The protocol family a path belongs to, for errors on requests that did not parse.

@@ -123,6 +123,9 @@ pub(super) fn model_reason(
 ) -> Result<f64, Reason> {
     let warm_required =
         req.require_warm || (policy.require_warm_provisional && node.tier == Tier::Provisional);
+    if model.breaker_open {
+        return Err(Reason::BreakerOpen);
+    }
     if warm_required && !model.loaded {
         return Err(Reason::NotWarm);
     }
@@ -298,6 +301,28 @@ mod tests {
         for (i, (n, in_flight, want)) in cases.into_iter().enumerate() {
             assert_eq!(node_reason(&req, &n, &p, in_flight), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn open_model_breaker_eliminates_only_that_model() {
+        let p = Policy::default();
+        let req = RouteRequest::default();
+        let n = node();
+        let ok = ModelView {
+            name: "a".into(),
+            size_gb: 1.0,
+            loaded: true,
+            ..ModelView::default()
+        };
+        let broken = ModelView {
+            breaker_open: true,
+            ..ok.clone()
+        };
+        assert!(model_reason(&req, &p, &n, &ok, 0, 64.0).is_ok());
+        assert_eq!(
+            model_reason(&req, &p, &n, &broken, 0, 64.0),
+            Err(Reason::BreakerOpen)
+        );
     }
 
     #[test]

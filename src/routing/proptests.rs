@@ -26,6 +26,7 @@ fn arb_model(name: &'static str) -> impl Strategy<Value = Option<ModelView>> {
                 max_context: ctx,
                 unloaded_at_ms: unloaded,
                 on_disk,
+                breaker_open: false,
             })
         })
 }

@@ -45,7 +45,7 @@ pub enum Health {
     Paused,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Pressure {
     #[default]
@@ -79,6 +79,8 @@ pub struct ModelView {
     pub unloaded_at_ms: Option<u64>,
     /// On disk (false: pullable only).
     pub on_disk: bool,
+    /// The node:model circuit breaker is open (a model-specific fault, spec 003).
+    pub breaker_open: bool,
 }
 
 /// Capacity learning output for a node with learning turned on (spec 000, Adaptive Capacity).

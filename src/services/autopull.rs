@@ -11,7 +11,7 @@ use crate::routing::Health;
 /// Called when routing finds no node with `model`. True while a pull for it is running (the
 /// request should wait); false when auto-pull is off, was already tried, or has no target.
 pub fn request(fleet: &Arc<Fleet>, model: &str) -> bool {
-    if !fleet.config.queue.auto_pull {
+    if !fleet.config().queue.auto_pull {
         return false;
     }
     let key = format!("pull:{model}");

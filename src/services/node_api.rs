@@ -57,7 +57,6 @@ pub async fn pull(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String> 
 
 /// Poll node `idx` now and publish what changed.
 pub async fn refresh(fleet: &Arc<Fleet>, idx: usize) {
-    let c = client(fleet.config.health.poll_timeout);
-    let report = super::health::poll_node(&c, fleet.node_config(idx)).await;
-    fleet.apply_poll(idx, report, fleet.config.health.failures_before_offline);
+    let c = client(fleet.config().health.poll_timeout);
+    super::health::poll_and_apply(fleet, &c, idx).await;
 }

@@ -10,10 +10,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{node_api, now_ms};
+use super::node_api;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::routing::{self, RouteRequest};
 
 pub struct Prewarm {
     fleet: Arc<Fleet>,
@@ -27,7 +26,7 @@ impl Prewarm {
     /// One pass; returns the loads started.
     pub fn cycle(&self) -> usize {
         let fleet = &self.fleet;
-        let threshold = fleet.config.queue.prewarm_threshold;
+        let threshold = fleet.config().queue.prewarm_threshold;
         let view = fleet.view();
         let mut started = 0;
         for (idx, node) in fleet.nodes().iter().enumerate() {
@@ -37,18 +36,7 @@ impl Prewarm {
                     continue;
                 }
                 // The runner-up: the best node for this model other than the busy one.
-                let req = RouteRequest {
-                    models: vec![model.clone()],
-                    tried: vec![view.nodes[idx].id.clone()],
-                    ..RouteRequest::default()
-                };
-                let decision = routing::decide(
-                    &req,
-                    &view,
-                    &fleet.config.routing.policy,
-                    fleet.as_ref(),
-                    now_ms(),
-                );
+                let decision = super::decide_elsewhere(fleet, &view, idx, &model);
                 let Some(runner_up) = decision.winner() else {
                     continue;
                 };
@@ -86,7 +74,7 @@ impl Prewarm {
 #[async_trait]
 impl BackgroundService for Prewarm {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let period = Duration::from_millis(self.fleet.config.queue.prewarm_interval_ms);
+        let period = Duration::from_millis(self.fleet.config().queue.prewarm_interval_ms);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

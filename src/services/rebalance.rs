@@ -11,11 +11,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::now_ms;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::queue;
-use crate::routing::{self, RouteRequest};
 
 pub struct Rebalance {
     fleet: Arc<Fleet>,
@@ -29,7 +27,7 @@ impl Rebalance {
     /// One pass; returns the requests moved.
     pub fn cycle(&self) -> u32 {
         let fleet = &self.fleet;
-        let q = &fleet.config.queue;
+        let q = &fleet.config().queue;
         let view = fleet.view();
         let mut moved = 0;
         for (idx, node) in fleet.nodes().iter().enumerate() {
@@ -39,18 +37,7 @@ impl Rebalance {
                 {
                     continue;
                 }
-                let req = RouteRequest {
-                    models: vec![model.clone()],
-                    tried: vec![view.nodes[idx].id.clone()],
-                    ..RouteRequest::default()
-                };
-                let decision = routing::decide(
-                    &req,
-                    &view,
-                    &fleet.config.routing.policy,
-                    fleet.as_ref(),
-                    now_ms(),
-                );
+                let decision = super::decide_elsewhere(fleet, &view, idx, &model);
                 for target in decision
                     .ranked
                     .iter()
@@ -86,7 +73,7 @@ impl Rebalance {
 #[async_trait]
 impl BackgroundService for Rebalance {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let period = Duration::from_millis(self.fleet.config.queue.rebalance_interval_ms);
+        let period = Duration::from_millis(self.fleet.config().queue.rebalance_interval_ms);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod simnode;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +70,21 @@ impl Gateway {
             "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:0\n  threads: 2\n{yaml}"
         );
         let config = Config::from_yaml(&full).unwrap_or_else(|e| panic!("config: {e}\n{full}"));
+        Gateway::run(config)
+    }
+
+    /// Start a gateway from a complete config file, as `fleetgate run --config FILE` does
+    /// (the file must set `server.listen`; reloads re-read it).
+    pub fn start_file(path: &std::path::Path) -> Gateway {
+        let config =
+            Config::load(path).unwrap_or_else(|e| panic!("config {}: {e}", path.display()));
+        let gw = Gateway::run(config);
+        gw.fleet.set_config_path(path.to_path_buf());
+        gw
+    }
+
+    fn run(config: Config) -> Gateway {
+        let port = config.listen.port();
         let prepared = fleetgate::server::prepare(config).expect("prepare gateway");
         let (tx, rx) = oneshot::channel();
         let server = prepared.server;
@@ -159,4 +176,16 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The gateway's Prometheus exposition text.
+pub async fn metrics(gw: &Gateway) -> String {
+    client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text")
 }

@@ -1,0 +1,178 @@
+//! State changes that come from outside the poller: agent heartbeats, request outcomes
+//! (breakers), admin controls, learner persistence; and the view signature `tick` compares.
+
+use std::path::Path;
+
+use super::{BreakerPolicy, BreakerState, Fleet, Heartbeat, LearnerStore, Outcome, Sample};
+use crate::metrics::METRICS;
+use crate::routing::{FleetView, Health};
+
+/// What time alone can change in a view: health, breakers, learning hard-pause inputs.
+pub(super) fn signature(v: &FleetView) -> Vec<(Health, bool, Vec<bool>, u64, u64)> {
+    v.nodes
+        .iter()
+        .map(|n| {
+            (
+                n.health,
+                n.breaker_open,
+                n.models.iter().map(|m| m.breaker_open).collect(),
+                n.learning.as_ref().map_or(0, |l| l.cpu_high_for_s),
+                n.learning.as_ref().map_or(0, |l| l.days_observed as u64),
+            )
+        })
+        .collect()
+}
+
+/// A node-level admin action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Pause,
+    Resume,
+    Drain,
+}
+
+impl Fleet {
+    fn breaker_policy(&self) -> BreakerPolicy {
+        BreakerPolicy {
+            failure_threshold: self.config().breaker.failure_threshold,
+            cooldown_ms: self.config().breaker.cooldown.as_millis() as u64,
+        }
+    }
+
+    /// Feed a request outcome. `model: None` is a node-level fault (connect refused, connect
+    /// timeout); a model's faults (5xx, broken stream, read timeout) go to node:model. A
+    /// success closes both.
+    pub fn record_outcome(&self, idx: usize, model: Option<&str>, outcome: Outcome, now: u64) {
+        let node = self.node(idx);
+        let id = self.node_config(idx).id.clone();
+        let p = self.breaker_policy();
+        let mut changed = Vec::new();
+        let node_level = model.is_none() || outcome == Outcome::Success;
+        if node_level {
+            if let Some(to) = node.breaker.lock().record(outcome, now, p) {
+                changed.push(("-".to_string(), to));
+            }
+        }
+        if let Some(m) = model {
+            if let Some(to) = node.counters(m).breaker.lock().record(outcome, now, p) {
+                changed.push((m.to_string(), to));
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        for (m, to) in &changed {
+            let to_s = match to {
+                BreakerState::Closed => "closed",
+                BreakerState::Open => "open",
+                BreakerState::HalfOpen => "half_open",
+            };
+            log::info!("breaker {id}:{m} -> {to_s}");
+            METRICS
+                .breaker_transitions
+                .with_label_values(&[&id, m, to_s])
+                .inc();
+        }
+        self.publish();
+    }
+
+    /// Take a heartbeat for a known node `idx`; feeds the learner on learning nodes.
+    pub fn apply_heartbeat(&self, idx: usize, hb: Heartbeat, now: u64) {
+        let node = self.node(idx);
+        let miss_ms = self.config().health.heartbeat_miss.as_millis() as u64;
+        if let Some(learner) = node.learner.lock().as_mut() {
+            if let Some(sample) = learning_sample(&hb, &node.live.lock()) {
+                learner.observe(now, sample);
+            }
+        }
+        node.agent.lock().apply(hb, now, miss_ms);
+        self.publish();
+    }
+
+    /// Pause, resume or drain node `idx` (admin API); effective at once.
+    pub fn control(&self, idx: usize, c: Control) {
+        let node = self.node(idx);
+        {
+            let mut ctl = node.control.lock();
+            match c {
+                Control::Pause => ctl.paused = true,
+                Control::Drain => ctl.draining = true,
+                Control::Resume => {
+                    ctl.paused = false;
+                    ctl.draining = false;
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// The learners of every learning node, for the state file.
+    pub fn learner_store(&self) -> LearnerStore {
+        let mut store = LearnerStore {
+            version: 1,
+            ..LearnerStore::default()
+        };
+        let configs = self.configs.load();
+        for (cfg, st) in configs.iter().zip(self.nodes.load().iter()) {
+            if let Some(l) = st.learner.lock().as_ref() {
+                store.nodes.insert(cfg.id.clone(), l.clone());
+            }
+        }
+        store
+    }
+
+    /// Restore learned baselines (nodes by id; nodes no longer learning are skipped).
+    pub fn restore_learners(&self, store: LearnerStore) -> usize {
+        let mut n = 0;
+        for (id, learner) in store.nodes {
+            let Some(i) = self.index_of(&id) else {
+                continue;
+            };
+            let node = self.node(i);
+            let mut slot = node.learner.lock();
+            if slot.is_some() {
+                *slot = Some(learner);
+                n += 1;
+            }
+        }
+        self.publish();
+        n
+    }
+
+    /// Load the state file from `learning.state_dir` (when configured).
+    pub fn load_learners(&self) -> Result<usize, super::StoreError> {
+        match &self.config().learning.state_dir {
+            Some(dir) => Ok(self.restore_learners(LearnerStore::load(dir)?)),
+            None => Ok(0),
+        }
+    }
+
+    /// Write the state file atomically (when configured and some node learns).
+    pub fn save_learners(&self, dir: &Path) -> Result<usize, super::StoreError> {
+        let store = self.learner_store();
+        if store.nodes.is_empty() {
+            return Ok(0);
+        }
+        store.save(dir)?;
+        Ok(store.nodes.len())
+    }
+}
+
+/// CPU and the owner's share of memory: used memory beyond what the backend's loaded models
+/// hold (their resident size when polled, else their weights).
+fn learning_sample(hb: &Heartbeat, live: &super::NodeLive) -> Option<Sample> {
+    let total = hb.total_memory_gb.filter(|t| t.is_finite() && *t > 0.0)?;
+    let free = hb.free_memory_gb.unwrap_or(total).clamp(0.0, total);
+    let backend: f64 = live
+        .models
+        .iter()
+        .filter(|m| m.loaded)
+        .map(|m| m.resident_gb.unwrap_or(m.size_gb))
+        .sum();
+    let owner = (total - free - backend).max(0.0) / total;
+    Some(Sample {
+        cpu_percent: hb.cpu_percent.unwrap_or(0.0),
+        owner_mem_fraction: owner,
+        total_gb: total,
+    })
+}

@@ -1,0 +1,112 @@
+//! After a proxied request: feed the circuit breakers (spec 003) and the observed-performance
+//! figures (time to first token, output tokens/s, chars-per-token calibration).
+
+use std::time::Instant;
+
+use super::dispatch::Dispatch;
+use crate::fleet::{Fleet, Outcome};
+use crate::metrics::METRICS;
+use crate::services::now_ms;
+
+/// The part of the prompt estimate that does not depend on chars-per-token.
+pub fn fixed_tokens(p: &crate::protocol::ParsedRequest) -> u32 {
+    use crate::protocol::{IMAGE_TOKENS, MESSAGE_OVERHEAD};
+    MESSAGE_OVERHEAD
+        .saturating_mul(p.messages)
+        .saturating_add(IMAGE_TOKENS.saturating_mul(p.images))
+        .saturating_add(p.token_ids)
+}
+
+/// What the breaker should hear about the final attempt; None when there is nothing to say
+/// (every attempt failed to connect, already fed per attempt, or the node was never asked).
+pub fn classify(
+    upstream_status: Option<u16>,
+    upstream_error: bool,
+    unreachable: bool,
+) -> Option<Outcome> {
+    if unreachable {
+        return None;
+    }
+    match upstream_status {
+        Some(s) if s >= 500 => Some(Outcome::Fault),
+        // Headers arrived, then the node broke off: a broken stream.
+        Some(_) if upstream_error => Some(Outcome::Fault),
+        Some(_) => Some(Outcome::Success),
+        // Timeout or reset before any response.
+        None if upstream_error => Some(Outcome::Fault),
+        None => None,
+    }
+}
+
+/// Account the outcome of `d` (once per client request, from the client-facing leg).
+pub fn account(fleet: &Fleet, d: &Dispatch) {
+    let c = d.choice();
+    let (status, upstream_error, unreachable, first_byte, observed) = {
+        let mut st = d.state.lock();
+        (
+            st.upstream_status,
+            st.upstream_error,
+            st.unreachable,
+            st.first_byte,
+            st.observer.finish(),
+        )
+    };
+    if let Some(outcome) = classify(status, upstream_error, unreachable) {
+        fleet.record_outcome(c.node, Some(&c.model), outcome, now_ms());
+    }
+    if !status.is_some_and(|s| (200..300).contains(&s)) || upstream_error {
+        return;
+    }
+    let counters = fleet.node(c.node).counters(&c.model);
+    let end = Instant::now();
+    if let Some(fb) = first_byte {
+        counters.observe_ttft(fb.duration_since(d.started).as_secs_f64() * 1000.0);
+    }
+    let labels = [c.node_id.as_str(), c.model.as_str()];
+    if let Some(tokens) = observed.output_tokens() {
+        METRICS
+            .tokens
+            .with_label_values(&[labels[0], labels[1], "out"])
+            .inc_by(u64::from(tokens));
+    }
+    if let Some(tokens) = observed.output_tokens().filter(|t| *t >= 2) {
+        let secs = match (observed.eval_duration_ns, first_byte) {
+            (Some(ns), _) if ns > 0 => ns as f64 / 1e9,
+            (_, Some(fb)) if observed.chunks >= 2 => end.duration_since(fb).as_secs_f64(),
+            _ => end.duration_since(d.started).as_secs_f64(),
+        };
+        if secs >= 0.001 {
+            counters.observe_tps(f64::from(tokens) / secs);
+            METRICS
+                .tpot
+                .with_label_values(&labels)
+                .observe(secs / f64::from(tokens));
+        }
+    }
+    if let Some(pt) = observed.prompt_tokens {
+        METRICS
+            .tokens
+            .with_label_values(&[labels[0], labels[1], "in"])
+            .inc_by(u64::from(pt));
+        let default = fleet.config().routing.chars_per_token;
+        fleet
+            .calibration
+            .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_qualifying_outcomes() {
+        assert_eq!(classify(Some(200), false, false), Some(Outcome::Success));
+        assert_eq!(classify(Some(404), false, false), Some(Outcome::Success));
+        assert_eq!(classify(Some(500), false, false), Some(Outcome::Fault));
+        assert_eq!(classify(Some(200), true, false), Some(Outcome::Fault));
+        assert_eq!(classify(None, true, false), Some(Outcome::Fault));
+        assert_eq!(classify(None, false, false), None);
+        assert_eq!(classify(None, true, true), None);
+    }
+}
