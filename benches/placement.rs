@@ -133,9 +133,14 @@ fn fleet() -> Vec<NodeDef> {
 }
 
 /// The gateway config for the running fleet: seats, memory, bandwidth and windows, as a user
-/// writes them; everything else at its default except a faster health poll (time is scaled).
+/// writes them; everything else at its default except the background intervals, scaled down
+/// like the workload's times (cold loads here take 0.3-3 s instead of 5-30 s): health poll
+/// 1 s instead of 5 s, pre-warm and rebalance every 0.5 s instead of 5 s.
 fn gateway_yaml(defs: &[NodeDef], sims: &[SimHandle]) -> String {
-    let mut y = String::from("health:\n  poll_interval_ms: 1000\nfleet:\n  nodes:\n");
+    let intervals = std::env::var("FLEETGATE_BENCH_QUEUE_MS").unwrap_or_else(|_| "500".into());
+    let mut y = format!(
+        "health:\n  poll_interval_ms: 1000\nqueue:\n  prewarm_interval_ms: {intervals}\n  rebalance_interval_ms: {intervals}\nfleet:\n  nodes:\n"
+    );
     for (d, s) in defs.iter().zip(sims) {
         let mut extra = format!(
             "      capacity: {}\n      memory_gb: {}\n      bandwidth_gbps: {}\n      max_context: {}\n      models:\n",
