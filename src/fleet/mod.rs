@@ -63,6 +63,11 @@ impl NodeState {
             .clone()
     }
 
+    /// Set the most requests in flight on the node (0: no cap).
+    pub fn set_hard_cap(&self, cap: u32) {
+        self.hard_cap.store(cap, Ordering::Relaxed);
+    }
+
     pub fn hard_cap(&self) -> u32 {
         match self.hard_cap.load(Ordering::Relaxed) {
             0 => u32::MAX,
@@ -313,7 +318,7 @@ impl Fleet {
         let available = view
             .free_memory_gb
             .or((view.memory_gb > 0.0).then_some(view.memory_gb - held));
-        st.hard_cap.store(view.hard_cap, Ordering::Relaxed);
+        st.set_hard_cap(view.hard_cap);
         for m in &view.models {
             let model_gb = m.resident_gb.unwrap_or(m.size_gb);
             let extra = if m.loaded { model_gb } else { 0.0 };

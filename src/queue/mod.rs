@@ -60,10 +60,35 @@ impl Drop for Lease {
     }
 }
 
-/// Whether node:model has a free seat now (limit per node:model, hard cap per node).
-fn has_room(node_state: &NodeState, counters: &ModelCounters) -> bool {
-    counters.in_flight.load(Ordering::Relaxed) < counters.seats()
-        && node_state.in_flight.load(Ordering::Relaxed) < node_state.hard_cap()
+/// Take a seat if node:model has one free and the node is under its hard cap. Called with
+/// node:model's waiters lock held, which serialises the per-model check; the node count is
+/// shared by all its models, so it is claimed with a compare-and-swap: never over the cap.
+fn reserve(node_state: &NodeState, counters: &ModelCounters) -> bool {
+    if counters.in_flight.load(Ordering::Relaxed) >= counters.seats() {
+        return false;
+    }
+    let cap = node_state.hard_cap();
+    let claimed = node_state
+        .in_flight
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < cap).then_some(n + 1)
+        })
+        .is_ok();
+    if claimed {
+        counters.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+    claimed
+}
+
+impl Lease {
+    /// A seat already counted by `reserve`.
+    fn reserved(node: usize, node_state: &Arc<NodeState>, counters: Arc<ModelCounters>) -> Lease {
+        Lease {
+            node,
+            node_state: node_state.clone(),
+            counters,
+        }
+    }
 }
 
 /// Take a seat if one is free and nobody is waiting ahead.
@@ -73,10 +98,11 @@ pub fn try_take(
     counters: &Arc<ModelCounters>,
 ) -> Option<Lease> {
     let waiters = counters.waiters.lock();
-    if !waiters.is_empty() || !has_room(node_state, counters) {
+    if !waiters.is_empty() || !reserve(node_state, counters) {
         return None;
     }
-    Some(Lease::force(node, node_state, counters.clone()))
+    drop(waiters);
+    Some(Lease::reserved(node, node_state, counters.clone()))
 }
 
 /// The outcome of asking for a seat.
@@ -89,9 +115,9 @@ pub enum Acquire {
 pub fn acquire(node: usize, node_state: &Arc<NodeState>, model: &str) -> Acquire {
     let counters = node_state.counters(model);
     let mut waiters = counters.waiters.lock();
-    if waiters.is_empty() && has_room(node_state, &counters) {
+    if waiters.is_empty() && reserve(node_state, &counters) {
         drop(waiters);
-        return Acquire::Ready(Lease::force(node, node_state, counters));
+        return Acquire::Ready(Lease::reserved(node, node_state, counters));
     }
     let (tx, rx) = oneshot::channel();
     let id = next_id();
@@ -140,19 +166,13 @@ pub fn pump(node: usize, node_state: &Arc<NodeState>) {
     for (_, counters) in node_state.all_counters() {
         loop {
             let mut waiters = counters.waiters.lock();
-            if waiters.is_empty() || !has_room(node_state, &counters) {
+            if waiters.is_empty() || !reserve(node_state, &counters) {
                 break;
             }
             let Some(w) = waiters.pop_front() else { break };
             counters.pending.fetch_sub(1, Ordering::Relaxed);
-            node_state.in_flight.fetch_add(1, Ordering::Relaxed);
-            counters.in_flight.fetch_add(1, Ordering::Relaxed);
             drop(waiters);
-            let lease = Lease {
-                node,
-                node_state: node_state.clone(),
-                counters: counters.clone(),
-            };
+            let lease = Lease::reserved(node, node_state, counters.clone());
             if let Err(lease) = w.tx.send(lease) {
                 // The client left: dropping the seat hands it to the next waiter.
                 drop(lease);
@@ -174,3 +194,6 @@ impl Waiter {
         self.tx.send(lease).is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests;

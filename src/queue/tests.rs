@@ -1,0 +1,129 @@
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::*;
+use crate::fleet::NodeState;
+
+fn node(seats: u32, hard_cap: u32, models: &[&str]) -> Arc<NodeState> {
+    let n = Arc::new(NodeState::default());
+    n.set_hard_cap(hard_cap);
+    for m in models {
+        n.counters(m).limit.store(seats, Ordering::Relaxed);
+    }
+    n
+}
+
+fn ready(a: Acquire) -> Lease {
+    match a {
+        Acquire::Ready(l) => l,
+        Acquire::Wait(_) => panic!("expected a seat at once"),
+    }
+}
+
+fn waiting(a: Acquire) -> Ticket {
+    match a {
+        Acquire::Wait(t) => t,
+        Acquire::Ready(_) => panic!("expected to wait"),
+    }
+}
+
+#[tokio::test]
+async fn seats_then_fifo_queue_then_handover_on_release() {
+    let n = node(2, 0, &["m"]);
+    let a = ready(acquire(0, &n, "m"));
+    let b = ready(acquire(0, &n, "m"));
+    let mut t1 = waiting(acquire(0, &n, "m"));
+    let mut t2 = waiting(acquire(0, &n, "m"));
+    assert_eq!(n.counters("m").load().pending, 2);
+    drop(a);
+    let l1 = t1
+        .granted()
+        .await
+        .expect("first waiter gets the freed seat");
+    assert_eq!(n.counters("m").load().pending, 1);
+    assert_eq!(n.counters("m").load().in_flight, 2);
+    drop(b);
+    let l2 = t2.granted().await.expect("then the second");
+    drop((l1, l2));
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_waiter_that_leaves_frees_its_place_and_takes_no_seat() {
+    let n = node(1, 0, &["m"]);
+    let a = ready(acquire(0, &n, "m"));
+    let gone = waiting(acquire(0, &n, "m"));
+    let mut next = waiting(acquire(0, &n, "m"));
+    drop(gone);
+    assert_eq!(n.counters("m").load().pending, 1);
+    drop(a);
+    let l = next
+        .granted()
+        .await
+        .expect("the seat skips the one who left");
+    assert_eq!(n.counters("m").load().in_flight, 1);
+    drop(l);
+    assert_eq!(n.counters("m").load(), Default::default());
+}
+
+#[tokio::test]
+async fn hard_cap_holds_across_models_and_frees_the_other_model() {
+    let n = node(4, 2, &["x", "y"]);
+    let a = ready(acquire(0, &n, "x"));
+    let _b = ready(acquire(0, &n, "y"));
+    let mut t = waiting(acquire(0, &n, "x"));
+    assert_eq!(
+        n.in_flight.load(Ordering::Relaxed),
+        2,
+        "the node cap, not the model's seats"
+    );
+    drop(a);
+    let _l = t
+        .granted()
+        .await
+        .expect("a seat freed on the node goes to the waiter");
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn the_hard_cap_is_never_exceeded_under_contention() {
+    let n = node(64, 3, &["a", "b", "c", "d"]);
+    let peak = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let threads: Vec<_> = ["a", "b", "c", "d"]
+        .into_iter()
+        .map(|m| {
+            let (n, peak) = (n.clone(), peak.clone());
+            std::thread::spawn(move || {
+                for _ in 0..2_000 {
+                    if let Some(l) = try_take(0, &n, &n.counters(m)) {
+                        peak.fetch_max(n.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
+                        drop(l);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        peak.load(Ordering::Relaxed) <= 3,
+        "peak {}",
+        peak.load(Ordering::Relaxed)
+    );
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn rebalance_moves_the_oldest_waiter_to_a_seat_elsewhere() {
+    let (busy, idle) = (node(1, 0, &["m"]), node(2, 0, &["m"]));
+    let _a = ready(acquire(0, &busy, "m"));
+    let mut oldest = waiting(acquire(0, &busy, "m"));
+    let _newer = waiting(acquire(0, &busy, "m"));
+    let seat = try_take(1, &idle, &idle.counters("m")).expect("idle node has a seat");
+    let w = take_waiter(&busy.counters("m")).expect("a waiter");
+    assert!(w.grant(seat));
+    let moved = oldest.granted().await.expect("moved");
+    assert_eq!(moved.node, 1);
+    assert_eq!(busy.counters("m").load().pending, 1);
+}
