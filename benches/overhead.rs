@@ -426,6 +426,9 @@ fn measure(kind: NodeKind, plan: &Plan, nodes_rt: &Runtime, client_rt: &Runtime,
 }
 
 fn main() {
+    if !common::benchmarking() {
+        return;
+    }
     let plan = Plan {
         rounds: scaled(5, 3),
         serial_n: scaled(400, 50),

@@ -477,6 +477,9 @@ fn served(sim: &SimHandle) -> u64 {
 }
 
 fn main() {
+    if !common::benchmarking() {
+        return;
+    }
     let n = scaled(36, 16);
     let rounds = scaled(3, 1);
     let defs = fleet();
