@@ -534,6 +534,13 @@ fn observed_tokens_per_second_ttft_and_calibration() {
             assert_eq!(r.status(), 200);
             r.text().await.unwrap();
         }
+        // Each request is accounted just after its last byte reaches the client.
+        let both =
+            r#"fleetgate_proxy_time_per_output_token_seconds_count{model="m:1b",node="ob-a"} 2"#;
+        eventually("both requests accounted", || async {
+            metrics(&gw).await.contains(both)
+        })
+        .await;
         let s: Value = client()
             .get(gw.admin_url("/fleet/status"))
             .send()

@@ -91,11 +91,13 @@ fn client_that_leaves_the_queue_takes_no_seat() {
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let m = &admin_json(&gw, "/fleet/status").await["nodes"][0]["models"][0];
-        assert_eq!(
-            (m["in_flight"].as_u64(), m["pending"].as_u64()),
-            (Some(0), Some(0))
-        );
+        r.bytes().await.unwrap();
+        // The seat is released just after the last byte reaches the client.
+        eventually("no seat held, nobody waiting", || async {
+            let m = &admin_json(&gw, "/fleet/status").await["nodes"][0]["models"][0];
+            (m["in_flight"].as_u64(), m["pending"].as_u64()) == (Some(0), Some(0))
+        })
+        .await;
     });
     assert_eq!(
         served(&a),

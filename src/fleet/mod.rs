@@ -12,6 +12,7 @@ mod live;
 mod presence;
 mod reload;
 mod state;
+mod view;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -30,6 +31,7 @@ pub use live::{LiveModel, NodeLive, PollReport};
 pub use presence::{effective_health, AdminControl, HealthInputs};
 pub use reload::ReloadReport;
 pub use state::Control;
+use view::{next_due, node_view, ViewParams};
 
 use crate::config::{Config, NodeConfig};
 use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView};
@@ -373,149 +375,6 @@ fn new_state(cfg: &NodeConfig) -> NodeState {
         *st.learner.lock() = Some(Learner::default());
     }
     st
-}
-
-struct ViewParams {
-    warmup_ms: u64,
-    miss_ms: u64,
-}
-
-/// The earliest future moment at which time alone changes this node's view.
-fn next_due(st: &NodeState, now: u64, p: &ViewParams) -> Option<u64> {
-    let live_back = st.live.lock().back_since_ms;
-    let agent = st.agent.lock();
-    let mut times = vec![
-        live_back.map(|t| t + p.warmup_ms),
-        agent.back_since_ms.map(|t| t + p.warmup_ms),
-        agent.last_ms.map(|t| t + p.miss_ms + 1),
-        st.breaker.lock().open_until_ms(),
-    ];
-    for (_, c) in st.all_counters() {
-        times.push(c.breaker.lock().open_until_ms());
-    }
-    times.into_iter().flatten().filter(|t| *t > now).min()
-}
-
-/// Merge static facts with what the backend last reported, the agent's last heartbeat, the
-/// breakers, the admin controls and the learner, as of `now`.
-fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewParams) -> NodeView {
-    let live = st.live.lock();
-    let mut view = models_view(cfg, &live);
-    let agent = st.agent.lock();
-    let inputs = HealthInputs {
-        poll_offline: live.health == Health::Offline,
-        poll_back_since_ms: live.back_since_ms,
-        heartbeat_missed: agent.missed(now, p.miss_ms),
-        heartbeat_back_since_ms: agent.back_since_ms,
-        agent_draining: agent.fresh(now, p.miss_ms).is_some_and(|h| h.draining),
-        admin: *st.control.lock(),
-    };
-    view.health = effective_health(&inputs, now, p.warmup_ms);
-    view.breaker_open = !st.breaker.lock().admits(now);
-    for m in &mut view.models {
-        m.breaker_open = st
-            .peek(&m.name)
-            .is_some_and(|c| !c.breaker.lock().admits(now));
-    }
-    if let Some(hb) = agent.fresh(now, p.miss_ms) {
-        view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
-        view.pressure = hb.pressure;
-        view.thermal_throttled = hb.thermal_throttled;
-        view.bandwidth_gbps = view.bandwidth_gbps.or(hb.bandwidth_gbps);
-        if view.memory_gb <= 0.0 {
-            view.memory_gb = hb.total_memory_gb.unwrap_or(0.0);
-        }
-    }
-    view.learning = cfg.learning.then(|| {
-        st.learner
-            .lock()
-            .as_ref()
-            .map_or_else(|| Learner::default().output(now), |l| l.output(now))
-    });
-    view
-}
-
-/// The model list and static facts (config + last poll).
-fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
-    let mut models: Vec<ModelView> = Vec::new();
-    let cap = |ctx: u32| cfg.max_context.map_or(ctx, |m| m.min(ctx));
-    // Static facts: the sim block and the `models:` list.
-    if let Some(sim) = &cfg.sim {
-        for m in &sim.models {
-            models.push(ModelView {
-                name: m.name.clone(),
-                size_gb: m.size_gb,
-                max_context: cap(m.context),
-                on_disk: true,
-                loaded: m.loaded && !live.polled,
-                loaded_context: (m.loaded && !live.polled).then(|| cap(m.context)),
-                ..ModelView::default()
-            });
-        }
-    }
-    for m in &cfg.models {
-        let view = match models.iter_mut().find(|v| v.name == m.name) {
-            Some(v) => v,
-            None => {
-                models.push(ModelView {
-                    name: m.name.clone(),
-                    on_disk: true,
-                    max_context: cap(8192),
-                    ..ModelView::default()
-                });
-                models.last_mut().expect("just pushed")
-            }
-        };
-        if let Some(s) = m.size_gb {
-            view.size_gb = s;
-        }
-        if let Some(c) = m.context {
-            view.max_context = cap(c);
-        }
-        view.loaded |= m.loaded && !live.polled;
-    }
-    // What the backend reports wins for presence, load state and sizes.
-    if live.polled {
-        for lm in &live.models {
-            let view = match models.iter_mut().find(|v| v.name == lm.name) {
-                Some(v) => v,
-                None => {
-                    models.push(ModelView {
-                        name: lm.name.clone(),
-                        max_context: lm.context.map_or(0, cap),
-                        ..ModelView::default()
-                    });
-                    models.last_mut().expect("just pushed")
-                }
-            };
-            view.on_disk = lm.on_disk;
-            view.loaded = lm.loaded;
-            if lm.size_gb > 0.0 {
-                view.size_gb = lm.size_gb;
-            }
-            view.resident_gb = lm.resident_gb.or(view.resident_gb);
-            view.loaded_context = lm.context.filter(|_| lm.loaded);
-            view.unloaded_at_ms = lm.unloaded_at_ms;
-        }
-        models.retain(|m| m.on_disk || m.loaded || live.models.iter().any(|l| l.name == m.name));
-    }
-    let seats = cfg.seats.or(live.seats).unwrap_or(1).max(1);
-    NodeView {
-        id: cfg.id.clone(),
-        health: live.health,
-        memory_gb: cfg.memory_gb.unwrap_or(0.0),
-        free_memory_gb: live.free_memory_gb,
-        bandwidth_gbps: cfg.bandwidth_gbps,
-        seats,
-        hard_cap: cfg.hard_cap.unwrap_or(seats * 4).max(seats),
-        tier: cfg.tier,
-        tags: cfg.tags.clone(),
-        families: cfg.families.clone(),
-        models,
-        output_reserve: cfg.output_reserve,
-        overhead_tokens: cfg.overhead_tokens,
-        ..NodeView::default()
-    }
 }
 
 impl Loads for Fleet {
