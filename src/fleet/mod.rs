@@ -222,28 +222,41 @@ impl Fleet {
 
     /// Take a seat on node:model without queueing (failover); released when the lease drops.
     pub fn lease(&self, idx: usize, model: &str) -> Lease {
-        self.on_dispatch(idx, model);
+        let _ = self.on_dispatch(idx, model);
         let node = self.node(idx);
         Lease::force(idx, &node, node.counters(model))
     }
 
     /// Ask for a seat on node:model: at once or a place in its queue (Stage 3).
     pub fn acquire(&self, idx: usize, model: &str) -> crate::queue::Acquire {
-        self.on_dispatch(idx, model);
+        if !self.on_dispatch(idx, model) {
+            return crate::queue::Acquire::Refused;
+        }
         crate::queue::acquire(idx, &self.node(idx), model)
     }
 
-    /// A request is being sent to node:model: a half-open breaker makes it the one trial.
-    fn on_dispatch(&self, idx: usize, model: &str) {
+    /// A request is being sent to node:model: false when a breaker turns it away (open, or
+    /// half-open with the trial already out); otherwise a half-open breaker makes it the one
+    /// trial. Both breakers are checked and marked under their locks, so two requests decided
+    /// at the same moment cannot both be the trial.
+    fn on_dispatch(&self, idx: usize, model: &str) -> bool {
         let node = self.node(idx);
         let now = now_ms();
-        let node_trial = node.breaker.lock().on_dispatch(now);
-        let model_trial = node
-            .peek(model)
-            .is_some_and(|c| c.breaker.lock().on_dispatch(now));
-        if node_trial || model_trial {
+        let counters = node.peek(model);
+        let mut node_breaker = node.breaker.lock();
+        let mut model_breaker = counters.as_ref().map(|c| c.breaker.lock());
+        let admitted =
+            node_breaker.admits(now) && model_breaker.as_ref().is_none_or(|b| b.admits(now));
+        let mut changed = !admitted;
+        if admitted {
+            changed |= node_breaker.on_dispatch(now);
+            changed |= model_breaker.as_mut().is_some_and(|b| b.on_dispatch(now));
+        }
+        drop((node_breaker, model_breaker));
+        if changed {
             self.publish();
         }
+        admitted
     }
 
     /// Apply one poll result for node `idx`; returns true when routing-relevant state changed.

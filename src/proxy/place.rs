@@ -130,6 +130,7 @@ pub async fn place(
             waited_ms: 0,
         })
     };
+    let mut refusals = 0;
     loop {
         let changed = fleet.changed.notified();
         let decision = decide(fleet, req);
@@ -140,6 +141,16 @@ pub async fn place(
             }
             let lease = match fleet.acquire(w.node, &w.model) {
                 Acquire::Ready(lease) => lease,
+                // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
+                Acquire::Refused if refusals < 3 => {
+                    refusals += 1;
+                    continue;
+                }
+                Acquire::Refused => {
+                    tokio::time::sleep(Duration::from_millis(q.holding_rescore_ms)).await;
+                    refusals = 0;
+                    continue;
+                }
                 Acquire::Wait(mut ticket) => {
                     let guard = board.take().unwrap_or_else(|| enter(None));
                     guard.set_node(Some(w.node_id.clone()));

@@ -109,6 +109,9 @@ pub fn try_take(
 pub enum Acquire {
     Ready(Lease),
     Wait(Ticket),
+    /// A breaker turned it away: open, or half-open with its one trial already out (another
+    /// request decided at the same moment took it). Decide again.
+    Refused,
 }
 
 /// Ask for a seat on node:model: at once, or a place in its queue.

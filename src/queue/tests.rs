@@ -16,14 +16,14 @@ fn node(seats: u32, hard_cap: u32, models: &[&str]) -> Arc<NodeState> {
 fn ready(a: Acquire) -> Lease {
     match a {
         Acquire::Ready(l) => l,
-        Acquire::Wait(_) => panic!("expected a seat at once"),
+        _ => panic!("expected a seat at once"),
     }
 }
 
 fn waiting(a: Acquire) -> Ticket {
     match a {
         Acquire::Wait(t) => t,
-        Acquire::Ready(_) => panic!("expected to wait"),
+        _ => panic!("expected to wait"),
     }
 }
 
@@ -126,4 +126,22 @@ async fn rebalance_moves_the_oldest_waiter_to_a_seat_elsewhere() {
     let moved = oldest.granted().await.expect("moved");
     assert_eq!(moved.node, 1);
     assert_eq!(busy.counters("m").load().pending, 1);
+}
+
+#[test]
+fn only_one_request_becomes_the_half_open_trial() {
+    use crate::fleet::{Fleet, Outcome};
+    let yaml = "breaker:\n  failure_threshold: 1\n  cooldown_s: 1\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n      capacity: 4\n      models:\n        - {name: m, size_gb: 1, loaded: true}\n";
+    let fleet = Fleet::new(Arc::new(crate::config::Config::from_yaml(yaml).unwrap()));
+    // One fault long enough ago that the cooldown is over: the breaker is half-open.
+    let long_ago = crate::services::now_ms() - 60_000;
+    fleet.record_outcome(0, None, Outcome::Fault, long_ago);
+    // Two requests decided at the same moment: one is the trial, the other is turned away.
+    let trial = ready(fleet.acquire(0, "m"));
+    assert!(matches!(fleet.acquire(0, "m"), Acquire::Refused));
+    assert!(
+        fleet.view().nodes[0].breaker_open,
+        "routing now sees the trial out"
+    );
+    drop(trial);
 }
