@@ -200,6 +200,16 @@ fn errors_are_native_to_each_protocol() {
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "not_found_error");
 
+        // An endpoint that does not exist: 404, as OpenAI and Ollama answer it.
+        let r = c.get(gw.url("/v1/nope")).send().await.unwrap();
+        assert_eq!(r.status(), 404);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "not_found");
+        let r = c.post(gw.url("/api/nope")).send().await.unwrap();
+        assert_eq!(r.status(), 404);
+        let v: Value = r.json().await.unwrap();
+        assert!(v["error"].as_str().unwrap().contains("/api/nope"));
+
         // Malformed JSON and missing model: 400 invalid_request.
         let r = c.post(gw.url("/v1/chat/completions")).body("{not json").send().await.unwrap();
         assert_eq!(r.status(), 400);

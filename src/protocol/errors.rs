@@ -9,6 +9,7 @@ use super::{Endpoint, ErrorCode, Family};
 fn openai_type(code: ErrorCode) -> &'static str {
     match code {
         ErrorCode::ModelNotFound
+        | ErrorCode::NotFound
         | ErrorCode::ContextLengthExceeded
         | ErrorCode::RequestTooLarge
         | ErrorCode::InvalidRequest
@@ -22,7 +23,7 @@ fn openai_type(code: ErrorCode) -> &'static str {
 /// Anthropic's `error.type` for `code`.
 fn anthropic_type(code: ErrorCode) -> &'static str {
     match code {
-        ErrorCode::ModelNotFound => "not_found_error",
+        ErrorCode::ModelNotFound | ErrorCode::NotFound => "not_found_error",
         ErrorCode::ContextLengthExceeded | ErrorCode::InvalidRequest => "invalid_request_error",
         ErrorCode::NoProviderAvailable => "overloaded_error",
         ErrorCode::QueueFull => "rate_limit_error",
@@ -120,7 +121,9 @@ mod tests {
             "invalid_request_error",
             "authentication_error",
             "api_error",
+            "not_found_error",
         ];
+        assert_eq!(want.len(), ErrorCode::ALL.len());
         for (code, ty) in ErrorCode::ALL.into_iter().zip(want) {
             let v = parse(&error_body(Family::Anthropic, code, "m"));
             assert_eq!(

@@ -87,6 +87,8 @@ pub enum ErrorCode {
     InvalidRequest,
     Unauthorized,
     UpstreamError,
+    /// No such endpoint (method + path): 404, as OpenAI and Ollama answer an unknown URL.
+    NotFound,
 }
 
 /// A request body the gateway cannot route; `message` names the offending field.
@@ -212,7 +214,7 @@ pub fn parse(ep: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::ModelNotFound,
         ErrorCode::ContextLengthExceeded,
         ErrorCode::NoProviderAvailable,
@@ -221,6 +223,7 @@ impl ErrorCode {
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthorized,
         ErrorCode::UpstreamError,
+        ErrorCode::NotFound,
     ];
 
     /// HTTP status for this error.
@@ -234,6 +237,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::UpstreamError => 502,
+            ErrorCode::NotFound => 404,
         }
     }
 
@@ -248,6 +252,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::UpstreamError => "upstream_error",
+            ErrorCode::NotFound => "not_found",
         }
     }
 }
@@ -299,7 +304,9 @@ mod tests {
             ("invalid_request", 400),
             ("unauthorized", 401),
             ("upstream_error", 502),
+            ("not_found", 404),
         ];
+        assert_eq!(want.len(), ErrorCode::ALL.len());
         for (code, (s, status)) in ErrorCode::ALL.into_iter().zip(want) {
             assert_eq!(code.as_str(), s);
             assert_eq!(code.status(), status, "{s}");

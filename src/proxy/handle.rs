@@ -33,7 +33,7 @@ pub async fn client_request(
     let Some(ep) = protocol::detect(&method, &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
-        let code = ErrorCode::InvalidRequest;
+        let code = ErrorCode::NotFound;
         return fail(session, log, &arrival, family, code, &msg).await;
     };
     let family = ep.family();
