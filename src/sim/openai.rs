@@ -200,24 +200,34 @@ impl Framer for OaFramer {
     }
 }
 
-pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, "/v1/chat/completions", &body).await {
-        Ok(i) => i,
-        Err(r) => return r,
-    };
+/// What every OpenAI endpoint does first: count the request, apply a 500 fault, parse the
+/// body into `T` and require a model. An error comes back as the response to send.
+pub(crate) async fn openai_request<T: serde::de::DeserializeOwned>(
+    ctl: &Arc<SimControl>,
+    path: &str,
+    body: &[u8],
+    model: fn(&T) -> &str,
+) -> Result<(T, tokio::time::Instant), Response> {
+    let Intake { json: v, started } = intake(ctl, path, body).await?;
     if ctl.fault() == Fault::Status500 {
-        return server_error();
+        return Err(server_error());
     }
     if let Err(e) = &v {
-        return parse_error(e);
+        return Err(parse_error(e));
     }
-    let req: ChatReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return bad(&e),
-    };
-    if req.model.is_empty() {
-        return bad("you must provide a model parameter");
+    let req: T = typed(&v).map_err(|e| bad(&e))?;
+    if model(&req).is_empty() {
+        return Err(bad("you must provide a model parameter"));
     }
+    Ok((req, started))
+}
+
+pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
+    let (req, started) =
+        match openai_request(&ctl, "/v1/chat/completions", &body, |r: &ChatReq| &r.model).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     let msgs = match req.messages {
         Some(m) if !m.is_empty() => m,
         Some(_) => return bad("[] is too short - 'messages'"),
@@ -255,23 +265,11 @@ pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Res
 }
 
 pub(crate) async fn completions(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, "/v1/completions", &body).await {
-        Ok(i) => i,
-        Err(r) => return r,
-    };
-    if ctl.fault() == Fault::Status500 {
-        return server_error();
-    }
-    if let Err(e) = &v {
-        return parse_error(e);
-    }
-    let req: CompReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return bad(&e),
-    };
-    if req.model.is_empty() {
-        return bad("you must provide a model parameter");
-    }
+    let (req, started) =
+        match openai_request(&ctl, "/v1/completions", &body, |r: &CompReq| &r.model).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     let (prompt_tokens, text) = match prompt_of(&req.prompt) {
         Some(x) => x,
         None => return bad("Invalid type for 'prompt'"),

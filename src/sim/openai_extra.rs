@@ -1,10 +1,10 @@
 //! OpenAI-compatible /v1/models and /v1/embeddings.
 
-use super::control::{Fault, SimControl};
+use super::control::SimControl;
 use super::engine::{admit, plan, Ask, Reject};
-use super::http::{content_hash, gone, hang_if_faulted, intake, json, typed, Intake};
+use super::http::{content_hash, gone, hang_if_faulted, json};
 use super::models::KeepAlive;
-use super::openai::{bad, parse_error, prompt_of, reject, server_error};
+use super::openai::{bad, openai_request, prompt_of, reject};
 use super::text::embedding;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -63,23 +63,11 @@ struct EmbReq {
 }
 
 pub(crate) async fn embeddings(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, "/v1/embeddings", &body).await {
-        Ok(i) => i,
-        Err(r) => return r,
-    };
-    if ctl.fault() == Fault::Status500 {
-        return server_error();
-    }
-    if let Err(e) = &v {
-        return parse_error(e);
-    }
-    let req: EmbReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return bad(&e),
-    };
-    if req.model.is_empty() {
-        return bad("you must provide a model parameter");
-    }
+    let (req, started) =
+        match openai_request(&ctl, "/v1/embeddings", &body, |r: &EmbReq| &r.model).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     // One entry per input: a string, a token array, or a list of either.
     let items: Vec<Value> = match req.input {
         Some(Value::String(s)) => vec![Value::String(s)],
