@@ -235,24 +235,35 @@ async fn load_or_unload(
     json(StatusCode::OK, Value::Object(o))
 }
 
-pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, "/api/chat", &body).await {
-        Ok(i) => i,
-        Err(r) => return r,
-    };
+/// What every Ollama inference endpoint does first: count the request, apply a 500 fault,
+/// parse the body into `T`, require a model and read `keep_alive`. `fields` gives the model
+/// and the keep_alive value of a `T`. An error comes back as the response to send.
+pub(crate) async fn ollama_request<T: serde::de::DeserializeOwned>(
+    ctl: &Arc<SimControl>,
+    path: &str,
+    body: &[u8],
+    fields: fn(&T) -> (&str, Option<&Value>),
+) -> Result<(T, KeepAlive, tokio::time::Instant), Response> {
+    let Intake { json: v, started } = intake(ctl, path, body).await?;
     if ctl.fault() == Fault::Status500 {
-        return server_error();
+        return Err(server_error());
     }
-    let req: ChatReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e),
-    };
-    if req.model.is_empty() {
-        return err(StatusCode::BAD_REQUEST, "model is required");
+    let req: T = typed(&v).map_err(|e| err(StatusCode::BAD_REQUEST, &e))?;
+    let (model, keep) = fields(&req);
+    if model.is_empty() {
+        return Err(err(StatusCode::BAD_REQUEST, "model is required"));
     }
-    let keep = match keep_alive(req.keep_alive.as_ref()) {
-        Ok(k) => k,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e),
+    let keep = keep_alive(keep).map_err(|e| err(StatusCode::BAD_REQUEST, &e))?;
+    Ok((req, keep, started))
+}
+
+pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
+    fn fields(r: &ChatReq) -> (&str, Option<&Value>) {
+        (r.model.as_str(), r.keep_alive.as_ref())
+    }
+    let (req, keep, started) = match ollama_request(&ctl, "/api/chat", &body, fields).await {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     if req.messages.is_empty() {
         return load_or_unload(&ctl, &req.model, keep, true).await;
@@ -282,23 +293,12 @@ pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Res
 }
 
 pub(crate) async fn generate(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, "/api/generate", &body).await {
-        Ok(i) => i,
+    fn fields(r: &GenReq) -> (&str, Option<&Value>) {
+        (r.model.as_str(), r.keep_alive.as_ref())
+    }
+    let (req, keep, started) = match ollama_request(&ctl, "/api/generate", &body, fields).await {
+        Ok(x) => x,
         Err(r) => return r,
-    };
-    if ctl.fault() == Fault::Status500 {
-        return server_error();
-    }
-    let req: GenReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e),
-    };
-    if req.model.is_empty() {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    }
-    let keep = match keep_alive(req.keep_alive.as_ref()) {
-        Ok(k) => k,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e),
     };
     if req.prompt.is_empty() {
         return load_or_unload(&ctl, &req.model, keep, false).await;

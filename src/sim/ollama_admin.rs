@@ -1,13 +1,13 @@
 //! Ollama catalogue and embedding endpoints: tags, ps, version, show, pull, embed, embeddings.
 
-use super::control::{Fault, SimControl};
+use super::control::SimControl;
 use super::engine::Summary;
 use super::engine::{admit, plan, Ask, Reject};
 use super::http::{
     content_hash, gone, hang_if_faulted, intake, json, streaming, typed, Intake, NDJSON,
 };
 use super::models::PULLED_SIZE_GB;
-use super::ollama::{err, keep_alive, not_found, server_error};
+use super::ollama::{err, not_found, ollama_request};
 use super::text::{digest, embedding, est_tokens};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -153,23 +153,12 @@ async fn embed_common(
     body: Bytes,
     legacy: bool,
 ) -> Response {
-    let Intake { json: v, started } = match intake(&ctl, path, &body).await {
-        Ok(i) => i,
+    fn fields(r: &EmbedReq) -> (&str, Option<&Value>) {
+        (r.model.as_str(), r.keep_alive.as_ref())
+    }
+    let (req, keep, started) = match ollama_request(&ctl, path, &body, fields).await {
+        Ok(x) => x,
         Err(r) => return r,
-    };
-    if ctl.fault() == Fault::Status500 {
-        return server_error();
-    }
-    let req: EmbedReq = match typed(&v) {
-        Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e),
-    };
-    if req.model.is_empty() {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    }
-    let keep = match keep_alive(req.keep_alive.as_ref()) {
-        Ok(k) => k,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e),
     };
     let inputs: Vec<String> = if legacy {
         req.prompt.into_iter().filter(|p| !p.is_empty()).collect()
