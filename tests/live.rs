@@ -561,6 +561,23 @@ fn observed_tokens_per_second_ttft_and_calibration() {
         assert_eq!(cpt[0], "m:1b");
         let v = cpt[1].as_f64().unwrap();
         assert!(v > 3.3 && v <= 4.0, "3 -> 3.2 -> 3.36: {cpt}");
+        // The calibrated figure is what routing (and explain) now estimate with: 1000 chars.
+        let body = json!({"model": "m:1b", "messages": [{"role": "user", "content": text}]});
+        let e: Value = client()
+            .post(gw.admin_url("/fleet/explain"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let want = (1000.0 / v).ceil() as u64 + 4;
+        assert_eq!(
+            e["prompt_tokens"].as_u64(),
+            Some(want),
+            "not 338 (3.0 chars/token)"
+        );
         // Tokens in and out, and the decode time per token, as Prometheus sees them.
         let text = metrics(&gw).await;
         let out = r#"fleetgate_proxy_tokens_total{direction="out",model="m:1b",node="ob-a"} 40"#;

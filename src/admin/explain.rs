@@ -134,18 +134,33 @@ pub fn explain_json(
     headers: &RequestHeader,
     body: &[u8],
 ) -> Result<serde_json::Value, String> {
+    let (ep, req, decision, view) = decide_for(fleet, path, headers, body)?;
+    serde_json::to_value(Report::new(ep, &req, &decision, &view)).map_err(|e| e.to_string())
+}
+
+/// What the proxy would decide for `body` on `path` now: intake and `routing::decide`, with
+/// nothing sent to any node.
+fn decide_for(
+    fleet: &Fleet,
+    path: &str,
+    headers: &RequestHeader,
+    body: &[u8],
+) -> Result<
+    (
+        Endpoint,
+        RouteRequest,
+        routing::Decision,
+        Arc<routing::FleetView>,
+    ),
+    String,
+> {
     let ep = protocol::detect("POST", path)
         .ok_or_else(|| format!("not a routed endpoint: POST {path}"))?;
-    let (_, req) = intake::prepare(&fleet.config(), ep, body, headers)?;
+    let (_, req) = intake::prepare(fleet, ep, body, headers)?;
     let view = fleet.view();
-    let decision = routing::decide(
-        &req,
-        &view,
-        &fleet.config().routing.policy,
-        fleet,
-        crate::services::now_ms(),
-    );
-    serde_json::to_value(Report::new(ep, &req, &decision, &view)).map_err(|e| e.to_string())
+    let policy = &fleet.config().routing.policy;
+    let decision = routing::decide(&req, &view, policy, fleet, crate::services::now_ms());
+    Ok((ep, req, decision, view))
 }
 
 /// Without a path: Ollama's generate when the body has a `prompt`, else OpenAI chat.
@@ -211,17 +226,7 @@ pub fn explain_offline(
     let fleet = Fleet::new(Arc::new(config));
     let path = path.unwrap_or_else(|| default_path(body));
     let h = RequestHeader::build("POST", path.as_bytes(), None).map_err(|e| e.to_string())?;
-    let ep = protocol::detect("POST", path)
-        .ok_or_else(|| format!("not a routed endpoint: POST {path}"))?;
-    let (_, req) = intake::prepare(&fleet.config(), ep, body, &h)?;
-    let view = fleet.view();
-    let decision = routing::decide(
-        &req,
-        &view,
-        &fleet.config().routing.policy,
-        fleet.as_ref(),
-        crate::services::now_ms(),
-    );
+    let (ep, req, decision, view) = decide_for(&fleet, path, &h, body)?;
     let report = Report::new(ep, &req, &decision, &view);
     if json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())

@@ -43,8 +43,7 @@ pub async fn client_request(
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
     arrival.bytes_in = body.len();
-    let (parsed, mut req) = match intake::prepare(&fleet.config(), ep, &body, session.req_header())
-    {
+    let (parsed, req) = match intake::prepare(fleet, ep, &body, session.req_header()) {
         Ok(v) => v,
         Err(msg) => {
             let code = ErrorCode::InvalidRequest;
@@ -52,11 +51,6 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    // Prompt estimate with the chars-per-token calibrated from the nodes' `usage`.
-    let cpt = fleet
-        .calibration
-        .chars_per_token(&req.models[0], fleet.config().routing.chars_per_token);
-    req.prompt_tokens = parsed.estimated_prompt_tokens(cpt);
     let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {

@@ -7,6 +7,7 @@ use pingora::Result;
 use pingora_proxy::Session;
 
 use crate::config::Config;
+use crate::fleet::Fleet;
 use crate::protocol::{self, Endpoint, ErrorCode, ParsedRequest};
 use crate::routing::{conversation_key, RouteRequest};
 
@@ -86,11 +87,13 @@ pub fn tenant(h: &RequestHeader) -> String {
 }
 
 /// Build what routing sees from the parsed body and the request headers.
+/// `chars_per_token` is the primary model's, calibrated from what the nodes report.
 pub fn route_request(
     config: &Config,
     ep: Endpoint,
     parsed: &ParsedRequest,
     h: &RequestHeader,
+    chars_per_token: f64,
 ) -> RouteRequest {
     let primary = resolve(config, &parsed.model).to_string();
     let mut models = vec![primary.clone()];
@@ -121,7 +124,7 @@ pub fn route_request(
     RouteRequest {
         models,
         family: Some(ep.family()),
-        prompt_tokens: parsed.estimated_prompt_tokens(config.routing.chars_per_token),
+        prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),
         max_output_tokens: parsed.max_tokens,
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
@@ -133,14 +136,21 @@ pub fn route_request(
     }
 }
 
-/// Parse a body read for `ep` and build its `RouteRequest`; the error is a client's 400.
+/// Parse a body read for `ep` and build its `RouteRequest`, with the prompt estimate using
+/// the chars-per-token calibrated for the primary model; the error is a client's 400. The
+/// proxy and both explain paths call this, so they estimate alike.
 pub fn prepare(
-    config: &Config,
+    fleet: &Fleet,
     ep: Endpoint,
     body: &[u8],
     h: &RequestHeader,
 ) -> Result<(ParsedRequest, RouteRequest), String> {
     let parsed = protocol::parse(ep, body).map_err(|e| e.message)?;
-    let req = route_request(config, ep, &parsed, h);
+    let config = fleet.config();
+    let primary = resolve(&config, &parsed.model);
+    let cpt = fleet
+        .calibration
+        .chars_per_token(primary, config.routing.chars_per_token);
+    let req = route_request(&config, ep, &parsed, h, cpt);
     Ok((parsed, req))
 }
