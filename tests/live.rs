@@ -556,6 +556,8 @@ fn observed_tokens_per_second_ttft_and_calibration() {
             "sim decodes 500 tok/s: {tps}"
         );
         assert!(m["ttft_ms"].as_f64().unwrap() >= 20.0, "{m}");
+        // p75 latency (Signal 4) from the same completed requests: at least the 20 ms TTFT.
+        assert!(m["p75_ms"].as_f64().expect("p75") >= 20.0, "{m}");
         // The sim counts ceil(chars/4) tokens: calibration moves from 3.0 toward 4.
         let cpt = &s["chars_per_token"][0];
         assert_eq!(cpt[0], "m:1b");

@@ -224,7 +224,8 @@ async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Rec
 fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
     let c = d.choice();
     let mut st = d.state.lock();
-    let lease = st.lease.take();
+    // The seat is free from here on (the next waiter of that node gets it).
+    drop(st.lease.take());
     let status_code = st.status.unwrap_or(502);
     let status = status_code.to_string();
     let labels = [c.node_id.as_str(), c.model.as_str()];
@@ -233,9 +234,6 @@ fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
         .with_label_values(&[labels[0], labels[1], d.endpoint.label(), &status])
         .inc();
     let total = d.started.elapsed();
-    if let Some(lease) = lease.filter(|_| (200..300).contains(&status_code)) {
-        lease.counters.observe_latency(total.as_secs_f64() * 1000.0);
-    }
     METRICS
         .duration
         .with_label_values(&labels)

@@ -59,6 +59,7 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
     }
     let counters = fleet.node(c.node).counters(&c.model);
     let end = Instant::now();
+    counters.observe_latency(end.duration_since(d.started).as_secs_f64() * 1000.0);
     if let Some(fb) = first_byte {
         counters.observe_ttft(fb.duration_since(d.started).as_secs_f64() * 1000.0);
     }
