@@ -168,3 +168,78 @@ fn start_sim_nodes(config: &Config) -> Result<(), StartError> {
     });
     Ok(())
 }
+
+/// A gateway serving on its own thread, for tests, benches and embedding; stops when dropped.
+pub struct Running {
+    /// The client-facing listener (`server.listen`).
+    pub addr: std::net::SocketAddr,
+    pub admin_addr: std::net::SocketAddr,
+    pub fleet: Arc<Fleet>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Pingora's shutdown signal, from a oneshot instead of Unix signals.
+struct StopSignal(parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>);
+
+#[async_trait::async_trait]
+impl pingora::server::ShutdownSignalWatch for StopSignal {
+    async fn recv(&self) -> pingora::server::ShutdownSignal {
+        let rx = self.0.lock().take();
+        if let Some(rx) = rx {
+            let _ = rx.await;
+        }
+        pingora::server::ShutdownSignal::FastShutdown
+    }
+}
+
+impl Prepared {
+    /// Run the server on a thread; returns once the listener accepts connections (or after
+    /// 10 s, with the error of the last attempt).
+    pub fn spawn(self, listen: std::net::SocketAddr) -> std::io::Result<Running> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let server = self.server;
+        let thread = std::thread::spawn(move || {
+            server.run(pingora::server::RunArgs {
+                shutdown_signal: Box::new(StopSignal(parking_lot::Mutex::new(Some(rx)))),
+            })
+        });
+        let running = Running {
+            addr: listen,
+            admin_addr: self.admin_addr,
+            fleet: self.fleet,
+            stop: Some(tx),
+            thread: Some(thread),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match std::net::TcpStream::connect(listen) {
+                Ok(_) => return Ok(running),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        }
+    }
+}
+
+impl Running {
+    /// Stop the server and wait for its thread.
+    pub fn stop(mut self) {
+        self.signal_stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn signal_stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.signal_stop();
+    }
+}

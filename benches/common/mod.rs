@@ -4,17 +4,14 @@
 
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use fleetgate::config::Config;
 use fleetgate::fleet::Fleet;
 use fleetgate::sim::{SimHandle, SimSpec};
-use pingora::server::{RunArgs, ShutdownSignal, ShutdownSignalWatch};
 use tokio::runtime::Runtime;
-use tokio::sync::oneshot;
 
 /// `FLEETGATE_BENCH_SCALE` (default 1): multiplies rounds / requests for a longer, steadier run.
 pub fn scale() -> f64 {
@@ -54,25 +51,11 @@ pub fn sim(rt: &Runtime, spec: SimSpec) -> SimHandle {
         .expect("start sim")
 }
 
-struct Stop(parking_lot::Mutex<Option<oneshot::Receiver<()>>>);
-
-#[async_trait]
-impl ShutdownSignalWatch for Stop {
-    async fn recv(&self) -> ShutdownSignal {
-        let rx = self.0.lock().take();
-        if let Some(rx) = rx {
-            let _ = rx.await;
-        }
-        ShutdownSignal::FastShutdown
-    }
-}
-
-/// A running gateway (Pingora server on its own thread); stops when dropped.
+/// A running gateway (Pingora server on its own thread); stops and joins when dropped.
 pub struct Gateway {
     pub addr: SocketAddr,
     pub fleet: Arc<Fleet>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    running: Option<fleetgate::server::Running>,
 }
 
 impl Gateway {
@@ -83,25 +66,13 @@ impl Gateway {
             "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:0\n  threads: {threads}\n{yaml}"
         );
         let config = Config::from_yaml(&full).unwrap_or_else(|e| panic!("config: {e}\n{full}"));
+        let listen = config.listen;
         let prepared = fleetgate::server::prepare(config).expect("prepare gateway");
-        let (tx, rx) = oneshot::channel();
-        let server = prepared.server;
-        let thread = std::thread::spawn(move || {
-            server.run(RunArgs {
-                shutdown_signal: Box::new(Stop(parking_lot::Mutex::new(Some(rx)))),
-            })
-        });
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "gateway did not start listening");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let running = prepared.spawn(listen).expect("gateway listening");
         Gateway {
-            addr,
-            fleet: prepared.fleet,
-            stop: Some(tx),
-            thread: Some(thread),
+            addr: running.addr,
+            fleet: running.fleet.clone(),
+            running: Some(running),
         }
     }
 
@@ -112,11 +83,8 @@ impl Gateway {
 
 impl Drop for Gateway {
     fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some(r) = self.running.take() {
+            r.stop();
         }
     }
 }

@@ -5,17 +5,14 @@
 
 pub mod simnode;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use fleetgate::config::Config;
 use fleetgate::fleet::Fleet;
 use fleetgate::sim::{SimControl, SimHandle, SimSpec};
-use pingora::server::{RunArgs, ShutdownSignal, ShutdownSignalWatch};
 use tokio::runtime::Runtime;
-use tokio::sync::oneshot;
 
 pub fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -41,25 +38,12 @@ pub fn sim(rt: &Runtime, yaml: &str) -> SimHandle {
         .expect("start sim")
 }
 
-struct Stop(parking_lot::Mutex<Option<oneshot::Receiver<()>>>);
-
-#[async_trait]
-impl ShutdownSignalWatch for Stop {
-    async fn recv(&self) -> ShutdownSignal {
-        let rx = self.0.lock().take();
-        if let Some(rx) = rx {
-            let _ = rx.await;
-        }
-        ShutdownSignal::FastShutdown
-    }
-}
-
 /// A running gateway; stops when dropped.
 pub struct Gateway {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     pub fleet: Arc<Fleet>,
-    stop: Option<oneshot::Sender<()>>,
+    _running: fleetgate::server::Running,
 }
 
 impl Gateway {
@@ -84,26 +68,14 @@ impl Gateway {
     }
 
     fn run(config: Config) -> Gateway {
-        let port = config.listen.port();
+        let listen = config.listen;
         let prepared = fleetgate::server::prepare(config).expect("prepare gateway");
-        let (tx, rx) = oneshot::channel();
-        let server = prepared.server;
-        std::thread::spawn(move || {
-            server.run(RunArgs {
-                shutdown_signal: Box::new(Stop(parking_lot::Mutex::new(Some(rx)))),
-            })
-        });
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "gateway did not start listening");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let running = prepared.spawn(listen).expect("gateway listening");
         Gateway {
-            addr,
-            admin: prepared.admin_addr,
-            fleet: prepared.fleet,
-            stop: Some(tx),
+            addr: running.addr,
+            admin: running.admin_addr,
+            fleet: running.fleet.clone(),
+            _running: running,
         }
     }
 
@@ -113,14 +85,6 @@ impl Gateway {
 
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
     }
 }
 
