@@ -47,8 +47,6 @@ pub struct Attempts {
     pub error: Option<String>,
     /// Every attempt failed to connect: nothing reached any node.
     pub unreachable: bool,
-    /// The node failed after the response began (the stream was cut).
-    pub broken: bool,
     /// Response body bytes sent to the client.
     pub body_bytes: usize,
     /// Status the node answered with (the gateway's own error statuses are not in it).

@@ -155,10 +155,13 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
     if failed && session.response_written().is_some() {
         // The node failed after the response began: nothing can be retried, so end the
         // stream with an error the client's SDK understands.
-        let err = d.state.lock().error.clone().unwrap_or_default();
-        d.state.lock().broken = true;
+        // (The breaker hears of it through `upstream_error`, set by `error_while_proxy`.)
         if d.stream {
-            d.state.lock().code = Some(ErrorCode::UpstreamError);
+            let err = {
+                let mut st = d.state.lock();
+                st.code = Some(ErrorCode::UpstreamError);
+                st.error.clone().unwrap_or_default()
+            };
             let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
             let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
             let _ = session.write_response_body(Some(chunk), true).await;
