@@ -220,11 +220,15 @@ impl Fleet {
         self.view.load_full()
     }
 
-    /// Take a seat on node:model without queueing (failover); released when the lease drops.
-    pub fn lease(&self, idx: usize, model: &str) -> Lease {
-        let _ = self.on_dispatch(idx, model);
+    /// Failover: a seat on node:model now, without queueing (the request has waited its
+    /// turn already), or None when its breaker turns it away or it has no free seat. Seats
+    /// and the hard cap hold as for any request.
+    pub fn try_lease(&self, idx: usize, model: &str) -> Option<Lease> {
+        if !self.on_dispatch(idx, model) {
+            return None;
+        }
         let node = self.node(idx);
-        Lease::force(idx, &node, node.counters(model))
+        crate::queue::take_now(idx, &node, &node.counters(model))
     }
 
     /// Ask for a seat on node:model: at once or a place in its queue (Stage 3).

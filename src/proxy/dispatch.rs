@@ -65,17 +65,121 @@ impl Dispatch {
         &self.ranked[i]
     }
 
-    /// Move to the next candidate not yet tried; None when there is none or retries are spent.
-    pub fn next_attempt(&self) -> Option<usize> {
+    /// Move to the next candidate not yet tried that `take` gives a seat; None when there is
+    /// none or retries are spent. The failed attempt's seat is released first; candidates
+    /// without a seat count as tried.
+    pub fn next_attempt(&self, mut take: impl FnMut(&Choice) -> Option<Lease>) -> Option<usize> {
         let mut st = self.state.lock();
+        let cur = st.current;
+        st.tried.push(cur);
+        st.lease = None;
         if st.retries >= self.max_retries {
             return None;
         }
-        let cur = st.current;
-        st.tried.push(cur);
-        let next = (0..self.ranked.len()).find(|i| !st.tried.contains(i))?;
-        st.current = next;
-        st.retries += 1;
-        Some(next)
+        while let Some(next) = (0..self.ranked.len()).find(|i| !st.tried.contains(i)) {
+            match take(&self.ranked[next]) {
+                Some(lease) => {
+                    st.current = next;
+                    st.retries += 1;
+                    st.lease = Some(lease);
+                    return Some(next);
+                }
+                None => st.tried.push(next),
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::fleet::NodeState;
+
+    fn choice(node: usize) -> Choice {
+        Choice {
+            node,
+            node_id: format!("n{node}"),
+            model: "m".into(),
+            score: 0.0,
+            fallback: false,
+            cold: false,
+        }
+    }
+
+    fn dispatch(max_retries: u32, nodes: &[Arc<NodeState>]) -> Dispatch {
+        let first = crate::queue::take_now(0, &nodes[0], &nodes[0].counters("m")).unwrap();
+        Dispatch {
+            endpoint: Endpoint::OpenAIChat,
+            requested_model: "m".into(),
+            affinity: AffinityKind::None,
+            ranked: (0..nodes.len()).map(choice).collect(),
+            body: Bytes::new(),
+            started: Instant::now(),
+            queue_wait: Default::default(),
+            stream: false,
+            max_retries,
+            prompt_chars: 0,
+            prompt_fixed_tokens: 0,
+            state: Mutex::new(Attempts {
+                lease: Some(first),
+                ..Attempts::default()
+            }),
+        }
+    }
+
+    fn nodes(seats: &[u32]) -> Vec<Arc<NodeState>> {
+        seats
+            .iter()
+            .map(|s| {
+                let n = Arc::new(NodeState::default());
+                n.counters("m").limit.store(*s, Ordering::Relaxed);
+                n
+            })
+            .collect()
+    }
+
+    #[test]
+    fn failover_skips_a_full_node_and_frees_the_failed_seat() {
+        let ns = nodes(&[1, 1, 1]);
+        // n1 is full: its one seat is held by another request.
+        let _other = crate::queue::take_now(1, &ns[1], &ns[1].counters("m")).unwrap();
+        let d = dispatch(2, &ns);
+        let take =
+            |c: &Choice| crate::queue::take_now(c.node, &ns[c.node], &ns[c.node].counters("m"));
+        assert_eq!(d.next_attempt(take), Some(2), "n1 has no seat: on to n2");
+        assert_eq!(
+            ns[0].in_flight.load(Ordering::Relaxed),
+            0,
+            "the failed node's seat is free"
+        );
+        assert_eq!(
+            ns[1].in_flight.load(Ordering::Relaxed),
+            1,
+            "n1 never over its seat"
+        );
+        assert_eq!(ns[2].in_flight.load(Ordering::Relaxed), 1);
+        assert_eq!(d.state.lock().retries, 1);
+        // n2 fails too: nothing left untried.
+        assert_eq!(d.next_attempt(take), None);
+        assert_eq!(ns[2].in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn no_failover_once_retries_are_spent() {
+        let ns = nodes(&[1, 1]);
+        let d = dispatch(0, &ns);
+        let take =
+            |c: &Choice| crate::queue::take_now(c.node, &ns[c.node], &ns[c.node].counters("m"));
+        assert_eq!(d.next_attempt(take), None);
+        assert_eq!(ns[1].in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            ns[0].in_flight.load(Ordering::Relaxed),
+            0,
+            "seat released all the same"
+        );
     }
 }

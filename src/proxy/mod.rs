@@ -160,11 +160,8 @@ impl ProxyHttp for Gateway {
             "cannot connect to node {failed} ({})",
             e.etype().as_str()
         ));
-        match d.next_attempt() {
-            Some(next) => {
-                let c = &d.ranked[next];
-                let lease = self.fleet.lease(c.node, &c.model);
-                d.state.lock().lease = Some(lease);
+        match d.next_attempt(|c| self.fleet.try_lease(c.node, &c.model)) {
+            Some(_) => {
                 METRICS.retries.with_label_values(&[&failed]).inc();
                 e.set_retry(true);
             }

@@ -39,19 +39,6 @@ pub struct Lease {
     pub counters: Arc<ModelCounters>,
 }
 
-impl Lease {
-    /// Take a seat unconditionally (failover onto a node already chosen by routing).
-    pub fn force(node: usize, node_state: &Arc<NodeState>, counters: Arc<ModelCounters>) -> Lease {
-        node_state.in_flight.fetch_add(1, Ordering::Relaxed);
-        counters.in_flight.fetch_add(1, Ordering::Relaxed);
-        Lease {
-            node,
-            node_state: node_state.clone(),
-            counters,
-        }
-    }
-}
-
 impl Drop for Lease {
     fn drop(&mut self) {
         self.node_state.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -103,6 +90,18 @@ pub fn try_take(
     }
     drop(waiters);
     Some(Lease::reserved(node, node_state, counters.clone()))
+}
+
+/// Take a seat if one is free, ahead of any waiters (failover of a request already placed).
+pub fn take_now(
+    node: usize,
+    node_state: &Arc<NodeState>,
+    counters: &Arc<ModelCounters>,
+) -> Option<Lease> {
+    let waiters = counters.waiters.lock();
+    let taken = reserve(node_state, counters);
+    drop(waiters);
+    taken.then(|| Lease::reserved(node, node_state, counters.clone()))
 }
 
 /// The outcome of asking for a seat.
