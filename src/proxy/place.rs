@@ -134,21 +134,15 @@ pub async fn place(
     loop {
         let changed = fleet.changed.notified();
         let decision = decide(fleet, req);
-        if let Some(w) = decision.winner().cloned() {
+        let winner = decision.winner().cloned();
+        // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
+        if let Some(w) = winner.clone().filter(|_| refusals < 3) {
             crate::metrics::record_decision(&decision, req.pin.is_some());
-            if board.is_some() {
-                METRICS.holding.with_label_values(&["served"]).inc();
-            }
             let lease = match fleet.acquire(w.node, &w.model) {
                 Acquire::Ready(lease) => lease,
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
-                Acquire::Refused if refusals < 3 => {
-                    refusals += 1;
-                    continue;
-                }
                 Acquire::Refused => {
-                    tokio::time::sleep(Duration::from_millis(q.holding_rescore_ms)).await;
-                    refusals = 0;
+                    refusals += 1;
                     continue;
                 }
                 Acquire::Wait(mut ticket) => {
@@ -174,6 +168,9 @@ pub async fn place(
                     }
                 }
             };
+            if board.is_some() {
+                METRICS.holding.with_label_values(&["served"]).inc();
+            }
             let ranked = ranked_for(&decision, lease.node, &w.model, fleet);
             let queue_wait = started.elapsed();
             METRICS
@@ -187,10 +184,14 @@ pub async fn place(
                 queue_wait,
             }));
         }
-        if board.is_none() {
+        refusals = 0;
+        if board.is_none() && winner.is_none() {
             crate::metrics::record_decision(&decision, req.pin.is_some());
         }
-        let no_route = decision.no_route.unwrap_or(NoRoute::NoProvider);
+        let no_route = match winner {
+            Some(_) => NoRoute::NoProvider,
+            None => decision.no_route.unwrap_or(NoRoute::NoProvider),
+        };
         let pulling = no_route == NoRoute::ModelNotFound
             && crate::services::autopull::request(fleet, &req.models[0]);
         if no_route != NoRoute::NoProvider && !pulling {
