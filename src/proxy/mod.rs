@@ -8,6 +8,7 @@
 
 pub mod access_log;
 mod admit;
+mod attempt;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -16,6 +17,7 @@ mod observe;
 mod outcome;
 mod place;
 mod respond;
+mod watch;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -206,6 +208,7 @@ impl ProxyHttp for Gateway {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
             st.upstream_status = Some(resp.status.as_u16());
+            st.last_activity = Some(Instant::now());
             st.retries
         };
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
@@ -234,6 +237,7 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.last_activity = Some(Instant::now());
             st.observer.feed(b);
         }
         Ok(None)

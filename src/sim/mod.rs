@@ -34,11 +34,16 @@
 //!   `expires_at`; models never expire on a timer.
 //! - Faults: `Hang` applies to every path (requests are read, counted, never answered, until
 //!   the node cuts connections); `Status500` to inference paths only; `Refuse` also cuts open
-//!   connections; `DieMidStream` on a non-streaming request cuts the connection before any body.
+//!   connections; `DieMidStream` on a non-streaming request cuts the connection before any body;
+//!   `CutChunked` / `CutLength` send half a non-streaming JSON reply (chunked, or under its full
+//!   Content-Length) then cut; `SlowFirstByte(ms)` delays inference requests; `Flap(ms)` closes
+//!   and re-opens the listener every `ms`. `POST /_sim/fault` sets them at run time
+//!   (`fault_api.rs`).
 
 mod anthropic;
 mod control;
 mod engine;
+mod fault_api;
 mod http;
 mod models;
 mod net;
@@ -120,6 +125,7 @@ fn router(ctl: Arc<SimControl>) -> Router {
     Router::new()
         .route("/", get(ollama_admin::root))
         .route("/health", get(health))
+        .route("/_sim/fault", get(fault_api::get).post(fault_api::set))
         .route("/api/version", get(ollama_admin::version))
         .route("/api/tags", get(ollama_admin::tags))
         .route("/api/ps", get(ollama_admin::ps))
