@@ -32,6 +32,8 @@ pub struct FileConfig {
     pub agent: Option<AgentFile>,
     #[serde(default)]
     pub access_log: AccessLogFile,
+    #[serde(default)]
+    pub clients: super::ClientsFile,
 }
 
 /// One JSON line per proxied request, written off the request path.

@@ -7,6 +7,7 @@
 //! response is piped back to the client unbuffered.
 
 pub mod access_log;
+pub mod conn;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -115,8 +116,10 @@ impl ProxyHttp for Gateway {
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        handle::client_request(&self.fleet, &self.access_log, session).await?;
-        Ok(true)
+        conn::head_done(session);
+        let result = handle::client_request(&self.fleet, &self.access_log, session).await;
+        conn::request_done(session);
+        result.map(|()| true)
     }
 
     async fn upstream_peer(
