@@ -34,6 +34,10 @@ pub struct FileConfig {
     pub access_log: AccessLogFile,
     #[serde(default)]
     pub clients: super::ClientsFile,
+    #[serde(default)]
+    pub admission: super::admission::AdmissionFile,
+    #[serde(default)]
+    pub timeouts: super::admission::TimeoutsFile,
 }
 
 /// One JSON line per proxied request, written off the request path.

@@ -1,5 +1,6 @@
 //! Configuration: YAML file -> serde types -> env overrides -> `validate()` -> internal `Config`.
 
+mod admission;
 mod clients;
 mod env;
 mod file;
@@ -10,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use admission::{AdmissionFile, TimeoutsFile};
 pub use clients::{Clients, ClientsFile};
 pub use env::apply_env;
 pub use file::*;
@@ -48,6 +50,8 @@ pub struct Config {
     pub agent_token: Option<String>,
     pub access_log: AccessLog,
     pub clients: Clients,
+    pub admission: AdmissionFile,
+    pub timeouts: TimeoutsFile,
 }
 
 #[derive(Debug, Clone)]
@@ -236,6 +240,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         }
     }
     let clients = f.clients.validate(f.limits.max_body_bytes, &mut errors);
+    admission::validate(&mut errors, &f.admission, &f.timeouts);
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
     for (i, n) in f.fleet.nodes.into_iter().enumerate() {
@@ -309,6 +314,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
         access_log,
         clients,
+        admission: f.admission,
+        timeouts: f.timeouts,
     })
 }
 
