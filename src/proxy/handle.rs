@@ -24,6 +24,7 @@ pub async fn client_request(
     log: &AccessLog,
     session: &mut Session,
 ) -> Result<()> {
+    let arrived = Instant::now();
     let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
@@ -51,10 +52,17 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+    let placement = match place::place(fleet, session, ep, &parsed, &req, arrived).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
             return fail(session, log, &arrival, family, code, &msg).await
+        }
+        Err(Unplaced::Refused(r)) => {
+            let code = ErrorCode::QueueFull;
+            let body = protocol::error_body(family, code, &r.message);
+            record_local(arrival.protocol, code);
+            log.write(&arrival.local(code, body.len()));
+            return respond::json(session, code.status(), body, Some(r.retry_after_s)).await;
         }
         Err(gone) => return place::answer(session, ep, gone).await,
     };

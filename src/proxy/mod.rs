@@ -7,6 +7,7 @@
 //! response is piped back to the client unbuffered.
 
 pub mod access_log;
+mod admit;
 mod dispatch;
 mod handle;
 pub mod intake;

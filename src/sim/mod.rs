@@ -16,8 +16,18 @@
 //!   (`max_tokens`/`max_completion_tokens`, Ollama `options.num_predict`), finish `length` if capped.
 //! - Text depends on the node seed, the model name as requested, and the prompt content (not on
 //!   arrival order), so identical requests get identical replies.
-//! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` → first-token gate → first token,
-//!   then one token every `1/tokens_per_sec`. Headers are sent with the first token.
+//! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` + uncached prompt tokens /
+//!   `prefill_tokens_per_sec` → first-token gate → first token, then one token every
+//!   `1/tokens_per_sec`, slowed to `tokens_per_sec / (1 + decode_contention × (n − 1))` while
+//!   `n` requests decode at once. [`SimControl::set_slowdown`] stretches ttft, prefill and
+//!   decode at run time. Headers are sent with the first token.
+//! - Prefix cache (`prefix_cache_entries` > 0): an LRU of processed prompts per model, as
+//!   cumulative hashes per chat message (raw prompts: per 1024-char block); the longest
+//!   matching leading run is not prefilled. A (re)load of the model empties its part.
+//!   Usage tells it as the real servers do: Ollama `prompt_eval_count` counts only the
+//!   prefilled tokens, OpenAI `usage.prompt_tokens` all of them with
+//!   `prompt_tokens_details.cached_tokens`, Anthropic `input_tokens` the uncached ones with
+//!   `cache_read_input_tokens`. Counters in [`SimStats`].
 //! - `/api/pull` accepts any name and adds a 4 GB model (an embedding model if the name contains
 //!   "embed"); names are matched with Ollama's implied `:latest` tag.
 //! - `keep_alive` is honoured for `0` (unload after the request) and shown in `/api/ps`
@@ -36,6 +46,7 @@ mod ollama;
 mod ollama_admin;
 mod openai;
 mod openai_extra;
+mod prefix;
 mod spec;
 mod stream;
 mod text;
