@@ -13,7 +13,7 @@ use pingora_proxy::Session;
 use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{intake, local, place, respond};
+use super::{intake, local, place, respond, xlate};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -66,14 +66,24 @@ pub async fn client_request(
         }
         Err(gone) => return place::answer(session, ep, gone).await,
     };
+    let mut placement = placement;
     let model = placement.ranked[0].model.clone();
     let body = if model != parsed.model {
         protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
         body
     };
+    let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
+    let body = match xlate::request(ep, upstream, body) {
+        Ok(b) => b,
+        Err(msg) => {
+            let code = ErrorCode::InvalidRequest;
+            return fail(session, log, &arrival, family, code, &msg).await;
+        }
+    };
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
+        upstream,
         requested_model: parsed.model.clone(),
         affinity: placement.affinity,
         ranked: placement.ranked,
