@@ -11,7 +11,7 @@ use super::access_log::{AccessLog, Arrival};
 use super::attempt::{self, Ended};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{intake, local, place, respond};
+use super::{intake, local, place, respond, xlate};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -37,7 +37,7 @@ pub async fn client_request(
     };
     let family = ep.family();
     arrival.protocol = ep.label();
-    let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
+    let body = match intake::read_body(session, fleet).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
@@ -67,7 +67,13 @@ pub async fn client_request(
     let mut placement = placement;
     let mut retries = 0;
     loop {
-        let d = dispatch_for(fleet, ep, &parsed, &body, placement, retries);
+        let d = match dispatch_for(fleet, ep, &parsed, &body, placement, retries) {
+            Ok(d) => d,
+            Err(msg) => {
+                let code = ErrorCode::InvalidRequest;
+                return fail(session, log, &arrival, family, code, &msg).await;
+            }
+        };
         let ended = attempt::run(session, fleet, &d).await;
         if !matches!(ended, Ok(Ended::Unsent)) {
             // Accounted even when the client went away mid-response: the node did the work.
@@ -116,17 +122,20 @@ fn dispatch_for(
     ep: protocol::Endpoint,
     parsed: &protocol::ParsedRequest,
     body: &bytes::Bytes,
-    placement: place::Placement,
+    mut placement: place::Placement,
     retries: u32,
-) -> Arc<Dispatch> {
+) -> std::result::Result<Arc<Dispatch>, String> {
     let model = placement.ranked[0].model.clone();
     let body = if model != parsed.model {
         protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
     } else {
         body.clone()
     };
-    Arc::new(Dispatch {
+    let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
+    let body = xlate::request(ep, upstream, body)?;
+    Ok(Arc::new(Dispatch {
         endpoint: ep,
+        upstream,
         requested_model: parsed.model.clone(),
         affinity: placement.affinity,
         ranked: placement.ranked,
@@ -142,7 +151,7 @@ fn dispatch_for(
             retries,
             ..Attempts::default()
         }),
-    })
+    }))
 }
 
 /// Answer with an error the gateway produced before any node was involved.
