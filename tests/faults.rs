@@ -202,8 +202,10 @@ fn each_fault_leaves_only_successes_and_clean_errors() {
             let (ok, clean) = storm(&gw, 40).await;
             eprintln!("{name}: {ok} succeeded, {clean} clean errors of 40");
             match fault {
+                // A node's 500 is an answer (in the protocol's shape), passed on as it is; the
+                // healthy node serves the rest.
+                Fault::Status500 => assert!(ok >= 10, "{name}: {ok}"),
                 // Nothing reached the client before the failure: every request moved.
-                Fault::Status500 => assert!(ok >= 20, "{name}: {ok}"),
                 _ => assert_eq!(ok, 40, "{name}: every request served elsewhere"),
             }
             assert!(served(&good) > 0);
