@@ -129,28 +129,39 @@ fn main() {
 
 /// One markdown row per scenario: mean total per policy, completion / best other, checks.
 fn print_summary(summary: &[(String, Vec<Figures>)]) {
-    println!("\n| scenario | completion | spec-000 | round-robin | least-busy | completion / spec-000 | completion / best other | ctx errors (completion) | done-when |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("\nmean total time of the requests that succeeded, medians over runs; done-when: completion's mean <= every other's, no context-overflow answer, no more failed requests than any other (home-lab: also <= 0.6x spec-000)");
+    println!("| scenario | completion | spec-000 | round-robin | least-busy | completion / spec-000 | completion / best other | failed (c/s/rr/lb) | ctx answers (c/s/rr/lb) | done-when |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, med) in summary {
         let c = med[0].mean_s;
         let best = med[1..]
             .iter()
             .map(|f| f.mean_s)
             .fold(f64::INFINITY, f64::min);
-        let wins = c <= best;
-        let mut ok = wins && med[0].context_errors == 0.0;
+        let fewest_errors = med[1..]
+            .iter()
+            .map(|f| f.errors)
+            .fold(f64::INFINITY, f64::min);
+        let mut ok = c <= best && med[0].context_errors == 0.0 && med[0].errors <= fewest_errors;
         if name == "home-lab" {
             ok &= c <= 0.6 * med[1].mean_s;
         }
         println!(
-            "| {name} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.2}x | {:.2}x | {} | {} |",
+            "| {name} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.2}x | {:.2}x | {} | {} | {} |",
             c,
             med[1].mean_s,
             med[2].mean_s,
             med[3].mean_s,
             c / med[1].mean_s,
             c / best,
-            med[0].context_errors,
+            med.iter()
+                .map(|f| f.errors.to_string())
+                .collect::<Vec<_>>()
+                .join("/"),
+            med.iter()
+                .map(|f| f.context_errors.to_string())
+                .collect::<Vec<_>>()
+                .join("/"),
             if ok { "pass" } else { "FAIL" }
         );
     }

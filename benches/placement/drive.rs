@@ -43,8 +43,10 @@ pub struct Outcome {
     pub tag: String,
     pub model: String,
     pub prompt_tokens: u32,
+    /// Final status (0: transport error or cut stream).
     pub status: u16,
-    pub context_error: bool,
+    /// Context-overflow answers seen (a baseline retries elsewhere after one).
+    pub context_errors: u32,
     pub total: Duration,
     pub ttft: Option<Duration>,
     pub node: String,
@@ -73,16 +75,25 @@ struct Router {
 }
 
 impl Router {
-    fn pick(&self, model: &str) -> (String, Option<usize>) {
+    /// The gateway, or a node not in `tried`; `None` when every holder has been tried.
+    fn pick(&self, model: &str, tried: &[usize]) -> Option<(String, Option<usize>)> {
         if let Some(g) = &self.gateway {
-            return (g.clone(), None);
+            return Some((g.clone(), None));
         }
         let k = self
             .holders
             .iter()
             .position(|(m, _)| m == model)
             .expect("scenario checks every model has a holder");
-        let on = &self.holders[k].1;
+        let on: Vec<usize> = self.holders[k]
+            .1
+            .iter()
+            .copied()
+            .filter(|i| !tried.contains(i))
+            .collect();
+        if on.is_empty() {
+            return None;
+        }
         let start = self.rr[k].fetch_add(1, Ordering::Relaxed);
         let i = match self.policy {
             Policy::RoundRobin => on[start % on.len()],
@@ -93,7 +104,7 @@ impl Router {
                 .expect("model has a holder"),
         };
         self.in_flight[i].fetch_add(1, Ordering::Relaxed);
-        (self.nodes[i].1.clone(), Some(i))
+        Some((self.nodes[i].1.clone(), Some(i)))
     }
 
     fn done(&self, i: Option<usize>) {
@@ -103,7 +114,9 @@ impl Router {
     }
 }
 
-/// Send one chat; returns the outcome and the reply text.
+/// Send one chat; returns the outcome and the reply text. A client-side baseline that gets
+/// an error tries the next node that has the model (as LiteLLM's retries and context-window
+/// fallbacks do); the time of failed attempts counts in the request's total.
 async fn send(
     client: &reqwest::Client,
     router: &Router,
@@ -112,7 +125,6 @@ async fn send(
     (tag, prompt_tokens, output): (String, u32, u32),
     t0: Instant,
 ) -> (Outcome, String) {
-    let (base, idx) = router.pick(model);
     let body = json!({"model": model, "messages": messages, "stream": true,
         "options": {"num_predict": output}});
     let start = Instant::now();
@@ -122,22 +134,47 @@ async fn send(
         model: model.to_string(),
         prompt_tokens,
         status: 0,
-        context_error: false,
+        context_errors: 0,
         total: Duration::ZERO,
         ttft: None,
-        node: idx.map(|i| router.nodes[i].0.clone()).unwrap_or_default(),
+        node: String::new(),
         load_ms: 0.0,
         cached: 0,
         error: String::new(),
     };
     let mut reply = String::new();
+    let mut tried = Vec::new();
+    while let Some((base, idx)) = router.pick(model, &tried) {
+        o.node = idx.map(|i| router.nodes[i].0.clone()).unwrap_or_default();
+        attempt(client, &base, &body, start, &mut o, &mut reply).await;
+        router.done(idx);
+        match idx {
+            Some(i) if o.status != 200 => tried.push(i),
+            _ => break,
+        }
+    }
+    o.total = start.elapsed();
+    (o, reply)
+}
+
+async fn attempt(
+    client: &reqwest::Client,
+    base: &str,
+    body: &Value,
+    start: Instant,
+    o: &mut Outcome,
+    reply: &mut String,
+) {
     match client
         .post(format!("{base}/api/chat"))
-        .json(&body)
+        .json(body)
         .send()
         .await
     {
-        Err(e) => o.error = e.to_string(),
+        Err(e) => {
+            o.status = 0;
+            o.error = e.to_string();
+        }
         Ok(r) => {
             o.status = r.status().as_u16();
             if let Some(n) = r
@@ -149,16 +186,14 @@ async fn send(
             }
             if o.status != 200 {
                 let b = r.text().await.unwrap_or_default();
-                o.context_error = b.contains("context");
+                o.context_errors += u32::from(b.contains("context"));
                 o.error = b.chars().take(160).collect();
             } else {
-                read_stream(r, start, &mut o, &mut reply).await;
+                o.error.clear();
+                read_stream(r, start, o, reply).await;
             }
         }
     }
-    o.total = start.elapsed();
-    router.done(idx);
-    (o, reply)
 }
 
 async fn read_stream(r: reqwest::Response, start: Instant, o: &mut Outcome, reply: &mut String) {

@@ -13,8 +13,9 @@ pub struct Figures {
     pub p99_s: f64,
     pub ttft_mean_s: f64,
     pub ttft_p50_s: f64,
-    /// Failed requests other than context overflows.
+    /// Requests that failed in the end.
     pub errors: f64,
+    /// Context-overflow answers (a baseline then retries on another node).
     pub context_errors: f64,
     /// Model loads on the nodes during the run (cold loads and pre-warms).
     pub loads: f64,
@@ -52,12 +53,8 @@ pub fn figures(d: &RunData) -> Figures {
         p99_s: quantile(&mut total, 0.99),
         ttft_mean_s: mean(&ttft),
         ttft_p50_s: quantile(&mut ttft, 0.5),
-        errors: d
-            .outcomes
-            .iter()
-            .filter(|o| o.status != 200 && !o.context_error)
-            .count() as f64,
-        context_errors: d.outcomes.iter().filter(|o| o.context_error).count() as f64,
+        errors: (d.outcomes.len() - ok.len()) as f64,
+        context_errors: d.outcomes.iter().map(|o| f64::from(o.context_errors)).sum(),
         loads: d.nodes.iter().map(|(_, _, s)| s.loads.len()).sum::<usize>() as f64,
         waited_load: ok.iter().filter(|o| o.load_ms > 1.0).count() as f64,
         reuse: if reused + prefilled == 0 {
