@@ -60,6 +60,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use std::net::SocketAddr;
+
+use crate::routing::Family;
 use std::sync::Arc;
 
 /// Largest request body the node accepts.
@@ -116,38 +118,58 @@ async fn health(State(ctl): State<Arc<SimControl>>) -> Response {
     StatusCode::OK.into_response()
 }
 
-fn router(ctl: Arc<SimControl>) -> Router {
-    Router::new()
-        .route("/", get(ollama_admin::root))
-        .route("/health", get(health))
-        .route("/api/version", get(ollama_admin::version))
-        .route("/api/tags", get(ollama_admin::tags))
-        .route("/api/ps", get(ollama_admin::ps))
-        .route("/api/show", post(ollama_admin::show))
-        .route("/api/pull", post(ollama_admin::pull))
-        .route("/api/embed", post(ollama_admin::embed))
-        .route("/api/embeddings", post(ollama_admin::embeddings))
-        .route("/api/chat", post(ollama::chat))
-        .route("/api/generate", post(ollama::generate))
-        .route("/v1/models", get(openai_extra::models))
-        .route("/v1/models/{*model}", get(openai_extra::model))
-        .route("/v1/chat/completions", post(openai::chat))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/embeddings", post(openai_extra::embeddings))
-        .route("/v1/messages", post(anthropic::messages))
-        .fallback(fallback)
+/// The API families a sim node serves (all of them unless restricted with [`start_serving`]).
+pub const ALL_APIS: [Family; 3] = [Family::OpenAI, Family::Ollama, Family::Anthropic];
+
+fn router(ctl: Arc<SimControl>, serves: &[Family]) -> Router {
+    let mut r = Router::new().route("/health", get(health));
+    if serves.contains(&Family::Ollama) {
+        r = r
+            .route("/", get(ollama_admin::root))
+            .route("/api/version", get(ollama_admin::version))
+            .route("/api/tags", get(ollama_admin::tags))
+            .route("/api/ps", get(ollama_admin::ps))
+            .route("/api/show", post(ollama_admin::show))
+            .route("/api/pull", post(ollama_admin::pull))
+            .route("/api/embed", post(ollama_admin::embed))
+            .route("/api/embeddings", post(ollama_admin::embeddings))
+            .route("/api/chat", post(ollama::chat))
+            .route("/api/generate", post(ollama::generate));
+    }
+    if serves.contains(&Family::OpenAI) {
+        r = r
+            .route("/v1/models", get(openai_extra::models))
+            .route("/v1/models/{*model}", get(openai_extra::model))
+            .route("/v1/chat/completions", post(openai::chat))
+            .route("/v1/completions", post(openai::completions))
+            .route("/v1/embeddings", post(openai_extra::embeddings));
+    }
+    if serves.contains(&Family::Anthropic) {
+        r = r.route("/v1/messages", post(anthropic::messages));
+    }
+    r.fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ctl)
 }
 
 /// Start a sim node on an already-bound std listener. Must be called inside a tokio runtime.
 pub async fn start(spec: SimSpec, listener: std::net::TcpListener) -> std::io::Result<SimHandle> {
+    start_serving(spec, listener, &ALL_APIS).await
+}
+
+/// [`start`], serving only the endpoints of `serves` (others answer 404, as a llama.cpp
+/// server answers `/api/chat`): a node that speaks one protocol, for translation tests.
+pub async fn start_serving(
+    spec: SimSpec,
+    listener: std::net::TcpListener,
+    serves: &[Family],
+) -> std::io::Result<SimHandle> {
     spec.validate()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let slot = Arc::new(net::ListenSlot::new(listener)?);
     let addr = slot.addr();
     let control = Arc::new(SimControl::new(spec, slot.clone()));
-    let app = router(control.clone());
+    let app = router(control.clone(), serves);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(net::SimListener::new(slot), app).await {
             log::warn!("sim {addr}: server ended: {e}");
