@@ -82,7 +82,11 @@ fn main() {
     let a = args();
     println!(
         "placement bench ({} build), {} run(s) per scenario",
-        if cfg!(debug_assertions) { "debug" } else { "release" },
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         a.runs
     );
     let supported = scenario::modes_supported();
