@@ -221,6 +221,7 @@ impl Tally {
             stream,
             fallback_models,
             token_ids: self.token_ids,
+            prefix: None,
         }
     }
 }

@@ -12,6 +12,7 @@ mod fields;
 mod local;
 mod ollama;
 mod openai;
+mod prefix;
 mod rewrite;
 
 pub use crate::routing::Family;
@@ -22,6 +23,7 @@ pub use local::{
     count_tokens_body, ollama_ps, ollama_show, ollama_tags, ollama_version, openai_models,
     ModelInfo,
 };
+pub use prefix::{Prefix, LEADING_BLOCK_CHARS};
 pub use rewrite::rewrite_model;
 
 /// A proxied inference endpoint.
@@ -74,6 +76,8 @@ pub struct ParsedRequest {
     /// Pre-tokenized input (OpenAI `prompt`/`input` as token ids, Ollama `context`):
     /// counted one token each by the estimate, independent of chars-per-token.
     pub token_ids: u32,
+    /// The stable prefix later turns share (system prompt + first user turn), see `prefix.rs`.
+    pub prefix: Option<Prefix>,
 }
 
 /// Stable client-visible error codes (DESIGN.md, Errors).
@@ -200,7 +204,7 @@ impl Local {
 /// For `Local::AnthropicCountTokens`, parse the body as `Endpoint::AnthropicMessages`.
 pub fn parse(ep: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
     let obj = fields::object(body)?;
-    match ep {
+    let parsed = match ep {
         Endpoint::OpenAIChat => openai::chat(&obj),
         Endpoint::OpenAICompletions => openai::completions(&obj),
         Endpoint::OpenAIEmbeddings => openai::embeddings(&obj),
@@ -210,7 +214,11 @@ pub fn parse(ep: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
         Endpoint::OllamaEmbed => ollama::embed(&obj),
         Endpoint::OllamaEmbeddings => ollama::embeddings(&obj),
         Endpoint::AnthropicMessages => anthropic::messages(&obj),
-    }
+    };
+    parsed.map(|p| ParsedRequest {
+        prefix: prefix::stable_prefix(ep, &obj),
+        ..p
+    })
 }
 
 impl ErrorCode {

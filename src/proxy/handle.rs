@@ -59,6 +59,16 @@ pub async fn client_request(
         Err(gone) => return place::answer(session, ep, gone).await,
     };
     let model = placement.ranked[0].model.clone();
+    let learn = super::dispatch::LearnInput {
+        affinity_key: req.affinity_key,
+        prompt_tokens: req.prompt_tokens,
+        cached_tokens: req.cached_prefix_tokens,
+        cached_on: req.cached_on.clone(),
+        concurrency: fleet
+            .node(placement.lease.node)
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+    };
     let body = if model != parsed.model {
         protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
@@ -76,6 +86,7 @@ pub async fn client_request(
         max_retries: fleet.config().routing.retries,
         prompt_chars: parsed.prompt_chars,
         prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
+        learn,
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
             ..Attempts::default()

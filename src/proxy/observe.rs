@@ -16,6 +16,9 @@ pub struct Observed {
     pub completion_tokens: Option<u32>,
     /// Ollama's own generation time.
     pub eval_duration_ns: Option<u64>,
+    /// Ollama's prompt evaluation and model load times.
+    pub prompt_eval_duration_ns: Option<u64>,
+    pub load_duration_ns: Option<u64>,
 }
 
 impl Observed {
@@ -92,6 +95,8 @@ impl StreamObserver {
             ])),
             completion_tokens: u32_of(find(&["completion_tokens", "eval_count", "output_tokens"])),
             eval_duration_ns: find(&["eval_duration"]),
+            prompt_eval_duration_ns: find(&["prompt_eval_duration"]),
+            load_duration_ns: find(&["load_duration"]),
         }
     }
 }
