@@ -9,11 +9,11 @@ use serde_json::{json, Value};
 
 const MODEL: &str = "m:7b";
 
-/// Three equal nodes; a request pays 300 ms before its first token (a long prefill), so a
-/// cached prefix is worth much more than the scheduling noise of a loaded test machine.
+/// Three equal nodes with prefix caches; the chat's ~750-token system prompt takes 250 ms to
+/// prefill, far more than the scheduling noise of a loaded test machine.
 fn spec() -> String {
     format!(
-        "seats: 2\ntokens_per_sec: 400\nttft_ms: 300\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {{name: {MODEL}, size_gb: 5, loaded: true}}\n"
+        "seats: 2\ntokens_per_sec: 100\nttft_ms: 20\nprefill_tokens_per_sec: 3000\nprefix_cache_entries: 16\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {{name: {MODEL}, size_gb: 5, loaded: true}}\n"
     )
 }
 
@@ -89,13 +89,25 @@ fn header_less_chat_stays_spills_and_agrees_across_gateways() {
             (node.as_str(), affinity.as_str()),
             (home.as_str(), "matched")
         );
-
-        // The home node's seats fill and two more wait behind them: the next turn spills.
+        // The home node's prefix cache served turns 2..7; the others never saw the chat.
         let idx: usize = home[1..].parse().expect("node index");
+        let stats: Vec<_> = sims.iter().map(|s| s.control().stats()).collect();
+        assert!(
+            stats[idx].prefix_hits >= 6,
+            "home hits: {}",
+            stats[idx].prefix_hits
+        );
+        assert!(stats[idx].prefix_tokens_reused >= 6 * 700);
+        for (i, s) in stats.iter().enumerate().filter(|(i, _)| *i != idx) {
+            assert_eq!(s.prefix_hits, 0, "n{i} never held the chat");
+        }
+
+        // The home node's seats fill and six more wait behind them (a cached turn takes
+        // ~0.1 s, the cache saves ~0.25 s): the next turn spills.
         let ctl = control(&sims[idx]);
         ctl.hold_first_token(true);
         let mut parked = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..8 {
             let url = gw.url("/v1/chat/completions");
             let pin = home.clone();
             parked.push(tokio::spawn(async move {
@@ -111,11 +123,11 @@ fn header_less_chat_stays_spills_and_agrees_across_gateways() {
             }));
         }
         let counters = gw.fleet.node(idx).counters(MODEL);
-        eventually("home node: 2 in flight, 2 waiting", || {
+        eventually("home node: 2 in flight, 6 waiting", || {
             let c = counters.clone();
             async move {
                 c.in_flight.load(std::sync::atomic::Ordering::Relaxed) == 2
-                    && c.pending.load(std::sync::atomic::Ordering::Relaxed) == 2
+                    && c.pending.load(std::sync::atomic::Ordering::Relaxed) == 6
             }
         })
         .await;

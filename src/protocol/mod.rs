@@ -14,6 +14,7 @@ mod ollama;
 mod openai;
 mod prefix;
 mod rewrite;
+pub mod translate;
 
 pub use crate::routing::Family;
 pub use detect::{detect, detect_local};
@@ -25,6 +26,10 @@ pub use local::{
 };
 pub use prefix::{Prefix, LEADING_BLOCK_CHARS};
 pub use rewrite::rewrite_model;
+
+/// Why a Responses request that points at stored state is refused (the gateway keeps none).
+pub const STATELESS: &str = "`previous_response_id` and `conversation` are not supported: \
+fleetgate is stateless and keeps no responses; send the whole conversation in `input`";
 
 /// A proxied inference endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

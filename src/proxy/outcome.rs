@@ -118,10 +118,11 @@ fn learn(
         None => d.affinity == AffinityKind::Matched,
     };
     let base = observed.prompt_tokens.unwrap_or(l.prompt_tokens);
-    let evaluated = if on_cached {
-        base.saturating_sub(l.cached_tokens)
-    } else {
-        base
+    let evaluated = match observed.cached_tokens {
+        // The node says what it took from its cache (OpenAI usage counts it in prompt_tokens).
+        Some(cached) if observed.prompt_tokens.is_some() => base.saturating_sub(cached),
+        _ if on_cached => base.saturating_sub(l.cached_tokens),
+        _ => base,
     };
     let view = fleet.view();
     let (prior_prefill_tps, prior_spt) = view

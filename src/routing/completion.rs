@@ -168,12 +168,6 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
     }
 }
 
-/// Tie-break between pairs predicted to finish at the same time: lower wins. Issue 11 (prefer
-/// a node that speaks the request's protocol natively) plugs in here; 0 for now.
-pub(super) fn tie_break(_req: &RouteRequest, _node: &NodeView) -> u32 {
-    0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

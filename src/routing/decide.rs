@@ -22,8 +22,8 @@ struct Cand {
     idle_provisional: bool,
     /// Fallback-chain order of the model: models loaded on a survivor first, then list order.
     rank: usize,
-    /// Completion mode's tie-break between equal predictions (lower first).
-    tie: u32,
+    /// Speaks the client's protocol (no translation): wins a tie on score.
+    native: bool,
 }
 
 /// Decide where `req` goes in `fleet` given the live `loads`, at time `now_ms`.
@@ -139,7 +139,7 @@ pub fn decide(
                         loaded: m.loaded,
                         idle_provisional: provisional && node_in_flight == 0,
                         rank: 0,
-                        tie: completion::tie_break(req, node),
+                        native: eliminate::speaks(req, node),
                     });
                     verdict
                 }
@@ -332,7 +332,8 @@ fn add_session_affinity(
     }
 }
 
-/// Order survivors by fallback-chain model order, then score (desc), then node index, keeping
+/// Order survivors by fallback-chain model order, then score (desc), then native protocol
+/// before translated, then node index, keeping
 /// the best `max_ranked` (0: all). The order is total, so the result is deterministic.
 fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
     let mut model_loaded = [false; 64];
@@ -364,7 +365,7 @@ fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
         a.rank
             .cmp(&b.rank)
             .then(b.total.total_cmp(&a.total))
-            .then(a.tie.cmp(&b.tie))
+            .then(b.native.cmp(&a.native))
             .then(a.node.cmp(&b.node))
     };
     if max_ranked > 0 && cands.len() > max_ranked {

@@ -9,12 +9,14 @@
 //! | `affinity.rs` | conversation key (HMAC) and rendezvous hashing |
 //! | `completion.rs` | completion mode: predicted wait + load + prefill + decode per pair |
 //! | `decide.rs` | the pass over (node, model) pairs, provisional cap, fallback chain |
+//! | `servable.rs` | what no node could ever serve (refused at once) |
 
 mod affinity;
 mod completion;
 mod decide;
 mod eliminate;
 mod policy;
+mod servable;
 mod signals;
 mod types;
 
@@ -33,4 +35,5 @@ pub use self::affinity::{conversation_key, prefix_key, rendezvous_weight};
 pub use self::completion::{priors, Prediction};
 pub use self::decide::decide;
 pub use self::policy::{Policy, PolicyError};
+pub use self::servable::unservable_tags;
 pub use self::types::*;
