@@ -33,6 +33,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub access_log: AccessLogFile,
     #[serde(default)]
+    pub clients: super::ClientsFile,
+    #[serde(default)]
     pub admission: super::admission::AdmissionFile,
     #[serde(default)]
     pub timeouts: super::admission::TimeoutsFile,

@@ -122,6 +122,8 @@ pub struct Fleet {
     pub ops: crate::services::ops::Ops,
     /// Which node holds each conversation's prefix (completion mode's cache credit).
     pub prefixes: PrefixMemory,
+    /// Client connections and buffered request bodies (`clients:`).
+    pub clients: Arc<crate::clients::ClientGuards>,
 }
 
 impl Fleet {
@@ -141,6 +143,7 @@ impl Fleet {
             board: Arc::default(),
             ops: Default::default(),
             prefixes: PrefixMemory::default(),
+            clients: Arc::default(),
         };
         fleet.publish();
         Arc::new(fleet)
