@@ -10,12 +10,14 @@
 //! | `completion.rs` | completion mode: predicted wait + load + prefill + decode per pair |
 //! | `decide.rs` | the pass over (node, model) pairs, provisional cap, fallback chain |
 //! | `servable.rs` | what no node could ever serve (refused at once) |
+//! | `resolve.rs` | `models.resolve`: coding-agent model ids by tier to a fleet model |
 
 mod affinity;
 mod completion;
 mod decide;
 mod eliminate;
 mod policy;
+mod resolve;
 mod servable;
 mod signals;
 mod types;
@@ -35,5 +37,6 @@ pub use self::affinity::{conversation_key, prefix_key, rendezvous_weight};
 pub use self::completion::{priors, Prediction};
 pub use self::decide::decide;
 pub use self::policy::{Policy, PolicyError};
+pub use self::resolve::{glob, ModelTier, Resolve, TierRule};
 pub use self::servable::unservable_tags;
 pub use self::types::*;
