@@ -149,8 +149,16 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         .build();
     let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
     let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
-    let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
+    let http10 = session.req_header().version == http::Version::HTTP_10;
+    if http10 {
+        session.set_keepalive(None);
+    }
+    let frame = super::framing::client_filter(d.clone(), http10);
+    let result = pipe_subrequest(session, sub, handle, frame, input).await;
     let failed = result.is_err();
+    // Writing to the client failed (it went away): not the node's fault, nothing to tell.
+    let client_gone = matches!(&result, Err(e) if !e.from_subreq
+        && *e.error.esource() == pingora::ErrorSource::Downstream);
     match result {
         Ok(mut state) => {
             if let Some(j) = state.join_handle.take() {
@@ -170,6 +178,11 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
             }
         }
     }
+    if client_gone {
+        let mut st = d.state.lock();
+        st.error = Some("client closed the connection".into());
+        return Ok(());
+    }
     if failed && session.response_written().is_some() {
         // The node failed after the response began: nothing can be retried, so end the
         // stream with an error the client's SDK understands.
@@ -187,6 +200,11 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         return Ok(());
     }
     if session.response_written().is_none() {
+        if let Some((status, body)) = super::framing::reshaped_error(d) {
+            let node = Some(d.choice().node_id.as_str());
+            d.state.lock().body_bytes = body.len();
+            return respond::json_from(session, status, body, None, node).await;
+        }
         let (unreachable, err) = {
             let st = d.state.lock();
             (
@@ -212,7 +230,15 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
             st.code = Some(code);
             st.body_bytes = body.len();
         }
-        return respond::json(session, code.status(), body, respond::retry_after(code)).await;
+        let node = Some(d.choice().node_id.as_str());
+        return respond::json_from(
+            session,
+            code.status(),
+            body,
+            respond::retry_after(code),
+            node,
+        )
+        .await;
     }
     Ok(())
 }

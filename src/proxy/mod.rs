@@ -10,10 +10,11 @@ pub mod access_log;
 mod admit;
 pub mod conn;
 mod dispatch;
+mod framing;
 mod handle;
 pub mod intake;
 mod local;
-mod observe;
+pub mod observe;
 mod outcome;
 mod place;
 mod respond;
@@ -75,6 +76,8 @@ fn take_dispatch(session: &mut Session) -> Option<Arc<Dispatch>> {
 fn prepare_upstream_header(h: &mut RequestHeader, body_len: usize) -> Result<()> {
     h.remove_header("transfer-encoding");
     h.insert_header("content-length", body_len.to_string())?;
+    // The gateway answered `100 Continue` itself; the node gets the whole body at once.
+    h.remove_header("expect");
     for name in [
         intake::PIN_HEADER,
         intake::CONVERSATION_HEADER,
@@ -122,6 +125,8 @@ impl ProxyHttp for Gateway {
             return Ok(false);
         }
         conn::head_done(session);
+        // Pipelined requests are served in order, not dropped with the connection.
+        session.as_downstream_mut().set_pipelining_enabled(true);
         let result = handle::client_request(&self.fleet, &self.access_log, session).await;
         conn::request_done(session);
         result.map(|()| true)
@@ -205,6 +210,10 @@ impl ProxyHttp for Gateway {
         let Some(d) = &ctx.dispatch else {
             return Ok(());
         };
+        if resp.status.is_informational() {
+            // A node's own `100 Continue` (the client had its 100 from the gateway).
+            return Ok(());
+        }
         let c = d.choice();
         if c.cold && resp.status.is_success() {
             self.fleet.mark_loaded(c.node, &c.model);

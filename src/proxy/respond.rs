@@ -17,7 +17,21 @@ pub async fn json(
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(4))?;
+    json_from(session, status, body, retry_after, None).await
+}
+
+/// Write a complete JSON response about a request that went to `node` (`X-Fleet-Node`).
+pub async fn json_from(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    node: Option<&str>,
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(5))?;
+    if let Some(n) = node {
+        h.insert_header(super::NODE_HEADER, n)?;
+    }
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len().to_string())?;
     if let Some(s) = retry_after {
