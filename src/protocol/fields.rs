@@ -291,7 +291,10 @@ mod tests {
         let e = fallback_models(&obj(json!({"fallback_models":"a"}))).unwrap_err();
         assert_eq!(e.message, "`fallback_models` must be an array");
         let e = fallback_models(&obj(json!({"fallback_models":["a",3]}))).unwrap_err();
-        assert_eq!(e.message, "`fallback_models[1]` must be a non-empty string");
+        assert_eq!(
+            e.message,
+            "`fallback_models[1]` must be a non-empty model name without control characters"
+        );
     }
 
     #[test]

@@ -100,7 +100,18 @@ pub async fn client_request(
         }),
     });
     // Accounted even when the client went away mid-response: the node did the work.
-    let result = proxy_via_subrequest(session, &dispatch).await;
+    let result = {
+        let proxied = proxy_via_subrequest(session, &dispatch);
+        tokio::pin!(proxied);
+        tokio::select! {
+            r = &mut proxied => Some(r),
+            () = fleet.clients.grace_over() => None,
+        }
+    };
+    let result = match result {
+        Some(r) => r,
+        None => cut_at_shutdown(session, &dispatch).await,
+    };
     record(&dispatch, log, &arrival);
     super::outcome::account(fleet, &dispatch);
     result
@@ -241,6 +252,33 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         .await;
     }
     Ok(())
+}
+
+/// The shutdown grace period ended with this request in flight: end a stream with the
+/// protocol's error event, answer 503 if nothing was sent yet.
+async fn cut_at_shutdown(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
+    let code = ErrorCode::Overloaded;
+    let msg = "the gateway is shutting down: its grace period (server.grace_period_s) is over";
+    d.state.lock().code = Some(code);
+    session.set_keepalive(None);
+    if session.response_written().is_some() {
+        if d.stream {
+            let chunk = protocol::stream_error_chunk(d.endpoint, code, msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
+    }
+    let body = protocol::error_body(d.endpoint.family(), code, msg);
+    d.state.lock().status = Some(code.status());
+    let node = Some(d.choice().node_id.as_str());
+    respond::json_from(
+        session,
+        code.status(),
+        body,
+        respond::retry_after(code),
+        node,
+    )
+    .await
 }
 
 /// Write the response header and body parts still in the pipe after a subrequest failed.

@@ -127,7 +127,9 @@ impl ProxyHttp for Gateway {
         conn::head_done(session);
         // Pipelined requests are served in order, not dropped with the connection.
         session.as_downstream_mut().set_pipelining_enabled(true);
+        let in_flight = self.fleet.clients.request();
         let result = handle::client_request(&self.fleet, &self.access_log, session).await;
+        drop(in_flight);
         conn::request_done(session);
         result.map(|()| true)
     }
@@ -259,12 +261,30 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
+    /// A client that went away is routine, not an error: debug, not one ERROR line each.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        let client = *e.esource() == pingora::ErrorSource::Downstream;
+        if client {
+            log::debug!("client went away: {e}");
+        }
+        client
+    }
+
     async fn fail_to_proxy(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if session.subrequest_ctx.is_none() && session.response_written().is_none() {
+            // The client leg failed before answering (a body it could not read: broken
+            // framing, a smuggling pair): say so in the client's shape, not with a bare close.
+            let code = respond::client_leg_failure(session, e).await;
+            return FailToProxy {
+                error_code: code,
+                can_reuse_downstream: false,
+            };
+        }
         // The client-facing request writes the native error (or ends the stream) itself.
         if let Some(d) = &ctx.dispatch {
             let mut st = d.state.lock();
