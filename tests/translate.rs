@@ -306,3 +306,38 @@ fn coding_agent_model_ids_resolve_by_tier() {
         assert_eq!(sim.control().stats().requests, before, "no node was asked");
     });
 }
+
+/// Without `protocols:`, what a node speaks is learned by asking it: an `openai` node that
+/// also answers Anthropic's and Ollama's endpoints gets those requests natively.
+#[test]
+fn protocols_are_probed_when_not_configured() {
+    let rt = runtime();
+    let sim = sim_serving(&rt, &[Family::OpenAI, Family::Anthropic, Family::Ollama]);
+    let yaml = format!(
+        "fleet:\n  nodes:\n    - id: multi\n      url: http://{}\n      backend: openai\n      capacity: 4\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let body = json!({"model": "llama3.2:3b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/v1/messages", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/v1/messages", "sent natively");
+        let body = json!({"model": "llama3.2:3b", "stream": false, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/api/chat", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/api/chat", "sent natively");
+    });
+    // The same node with `protocols: [openai]` is taken at its word: translated.
+    let yaml = format!(
+        "fleet:\n  nodes:\n    - id: multi\n      url: http://{}\n      backend: openai\n      protocols: [openai]\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let body = json!({"model": "llama3.2:3b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/v1/messages", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/v1/chat/completions", "translated");
+    });
+}
