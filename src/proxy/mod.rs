@@ -8,6 +8,7 @@
 
 pub mod access_log;
 mod admit;
+mod attempt;
 pub mod conn;
 mod dispatch;
 mod handle;
@@ -17,6 +18,7 @@ mod observe;
 mod outcome;
 mod place;
 mod respond;
+mod watch;
 mod xlate;
 
 use std::sync::Arc;
@@ -213,6 +215,7 @@ impl ProxyHttp for Gateway {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
             st.upstream_status = Some(resp.status.as_u16());
+            st.last_activity = Some(Instant::now());
             st.retries
         };
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
@@ -242,6 +245,7 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.last_activity = Some(Instant::now());
             st.observer.feed(b);
         }
         if let Some(x) = ctx.translator.as_mut() {
