@@ -79,6 +79,9 @@ pub struct Attempts {
     pub observer: super::observe::StreamObserver,
     /// The error the gateway answered with after the upstream failed.
     pub code: Option<ErrorCode>,
+    /// The node answered an error that is not JSON: its text, kept to be re-sent in the
+    /// client's error shape (`framing`).
+    pub reshape: Option<String>,
 }
 
 impl Dispatch {

@@ -74,7 +74,18 @@ pub async fn client_request(
                 return fail(session, log, &arrival, family, code, &msg).await;
             }
         };
-        let ended = attempt::run(session, fleet, &d).await;
+        let ended = {
+            let run = attempt::run(session, fleet, &d);
+            tokio::pin!(run);
+            tokio::select! {
+                r = &mut run => Some(r),
+                () = fleet.clients.grace_over() => None,
+            }
+        };
+        let ended = match ended {
+            Some(r) => r,
+            None => cut_at_shutdown(session, &d).await.map(|()| Ended::Answered),
+        };
         if !matches!(ended, Ok(Ended::Unsent)) {
             // Accounted even when the client went away mid-response: the node did the work.
             record(&d, log, &arrival);
@@ -164,6 +175,33 @@ fn dispatch_for(
             ..Attempts::default()
         }),
     }))
+}
+
+/// The shutdown grace period ended with this request in flight: end a stream with the
+/// protocol's error event, answer 503 if nothing was sent yet.
+async fn cut_at_shutdown(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
+    let code = ErrorCode::Overloaded;
+    let msg = "the gateway is shutting down: its grace period (server.grace_period_s) is over";
+    d.state.lock().code = Some(code);
+    session.set_keepalive(None);
+    if session.response_written().is_some() {
+        if d.stream {
+            let chunk = protocol::stream_error_chunk(d.endpoint, code, msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
+    }
+    let body = protocol::error_body(d.endpoint.family(), code, msg);
+    d.state.lock().status = Some(code.status());
+    let node = Some(d.choice().node_id.as_str());
+    respond::json_from(
+        session,
+        code.status(),
+        body,
+        respond::retry_after(code),
+        node,
+    )
+    .await
 }
 
 /// Answer with an error the gateway produced before any node was involved.
