@@ -5,6 +5,7 @@ mod clients;
 mod env;
 mod file;
 mod node;
+mod resolve;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ pub use env::apply_env;
 pub use file::*;
 use node::validate_node;
 pub use node::{default_families, parse_url, valid_id, validate_agent};
+pub use resolve::{ResolveFile, TierFile};
 
 use crate::routing::{Family, Policy, Tier};
 use crate::sim::SimSpec;
@@ -41,6 +43,8 @@ pub struct Config {
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
     pub require_warm: Vec<String>,
+    /// `models.resolve`: coding-agent ids by tier.
+    pub resolve: crate::routing::Resolve,
     pub nodes: Vec<NodeConfig>,
     pub breaker: Breaker,
     pub learning: Learning,
@@ -103,6 +107,9 @@ pub struct Routing {
     pub default_output_reserve: u32,
     pub affinity_secret: String,
     pub require_warm: bool,
+    /// Header-less prefix affinity (`routing.prefix_affinity`).
+    pub prefix_affinity: bool,
+    /// `policy.mode` holds `routing.mode`.
     pub policy: Policy,
 }
 
@@ -119,9 +126,15 @@ pub struct NodeConfig {
     pub hard_cap: Option<u32>,
     pub memory_gb: Option<f64>,
     pub bandwidth_gbps: Option<f64>,
+    /// Completion-mode priors: prompt tokens/s, output tokens/s, load GB/s.
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub load_gbps: Option<f64>,
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
+    /// `protocols:` was set: `families` is final (no probing).
+    pub protocols_fixed: bool,
     pub max_context: Option<u32>,
     pub output_reserve: u32,
     pub overhead_tokens: u32,
@@ -255,6 +268,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let resolve = resolve::validate_resolve(&mut errors, f.models.resolve);
     if f.access_log.path.as_deref() == Some("") {
         errors.push(
             "field `access_log.path`: empty: expected a file path (or no path for stdout)".into(),
@@ -295,12 +309,17 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             default_output_reserve: f.routing.default_output_reserve,
             affinity_secret: f.routing.affinity_secret,
             require_warm: f.routing.require_warm,
-            policy: f.routing.policy,
+            prefix_affinity: f.routing.prefix_affinity,
+            policy: Policy {
+                mode: f.routing.mode,
+                ..f.routing.policy
+            },
         },
         queue: f.queue,
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
         require_warm: f.models.require_warm,
+        resolve,
         nodes,
         breaker: Breaker {
             failure_threshold: f.breaker.failure_threshold,
