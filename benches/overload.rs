@@ -166,13 +166,21 @@ fn main() {
     let capacity = f64::from(2 * SEATS) / nominal_service;
     let rate = 5.0 * capacity;
     eprintln!("overload: 2 nodes x {SEATS} seats, capacity ~{capacity:.1} req/s, offered {rate:.1} req/s for {:.0} s", dur.as_secs_f64());
-    let (service_on, mut on) = run(&rt, "admission:\n  max_wait_service_ratio: 1.0\n", rate, dur);
+    let (service_on, mut on) = run(
+        &rt,
+        "admission:\n  max_wait_service_ratio: 1.0\n",
+        rate,
+        dur,
+    );
     let (service_off, mut off) = run(&rt, "", rate, dur);
     let service = (service_on + service_off) / 2.0;
     let mut row = |name: &str, f: &dyn Fn(&mut Run) -> String| {
         println!("| {name} | {} | {} |", f(&mut on), f(&mut off));
     };
-    println!("\nunloaded service time (median of 8 sequential, through the gateway): {:.3} s\n", service);
+    println!(
+        "\nunloaded service time (median of 8 sequential, through the gateway): {:.3} s\n",
+        service
+    );
     println!("| 5x capacity | admission on (ratio 1.0) | admission off |");
     println!("|---|---|---|");
     row("offered", &|r| r.offered.to_string());
@@ -198,7 +206,10 @@ fn main() {
         format!("{:.0} s", median(&r.out.retry_after_s))
     });
     row("RSS start / peak / end", &|r| {
-        format!("{:.1} / {:.1} / {:.1} MB", r.rss_start, r.rss_peak, r.rss_end)
+        format!(
+            "{:.1} / {:.1} / {:.1} MB",
+            r.rss_start, r.rss_peak, r.rss_end
+        )
     });
     row("wall time", &|r| format!("{:.1} s", r.wall_s));
 }
