@@ -13,6 +13,8 @@ pub struct FleetStatus {
     pub nodes: Vec<NodeStatus>,
     /// Calibrated chars-per-token per model (from `usage`), when any.
     pub chars_per_token: Vec<(String, f64)>,
+    /// Fitted per-request prompt overhead (chat template tokens) per model, when any.
+    pub prompt_overhead_tokens: Vec<(String, f64)>,
 }
 
 #[derive(Serialize)]
@@ -160,6 +162,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
     FleetStatus {
         nodes,
         chars_per_token: fleet.calibration.snapshot(),
+        prompt_overhead_tokens: fleet.calibration.overheads(),
     }
 }
 

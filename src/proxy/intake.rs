@@ -151,6 +151,13 @@ pub fn prepare(
     let cpt = fleet
         .calibration
         .chars_per_token(primary, config.routing.chars_per_token);
-    let req = route_request(&config, ep, &parsed, h, cpt);
+    let mut req = route_request(&config, ep, &parsed, h, cpt);
+    // The calibrated estimate: fitted template overhead + rate, never above what was served.
+    let text =
+        fleet
+            .calibration
+            .text_tokens(primary, parsed.prompt_chars, config.routing.chars_per_token);
+    let fixed = u64::from(super::outcome::fixed_tokens(&parsed));
+    req.prompt_tokens = u32::try_from(text.saturating_add(fixed)).unwrap_or(u32::MAX);
     Ok((parsed, req))
 }

@@ -29,6 +29,10 @@ pub struct SimSpec {
     /// Output tokens when the request sets no limit; capped by the request's max tokens.
     #[serde(default = "default_reply_tokens")]
     pub reply_tokens: u32,
+    /// Tokens a chat template adds to every request's prompt count (llama.cpp with SmolLM2:
+    /// ~25), reported in `usage` and counted against the context window.
+    #[serde(default)]
+    pub template_tokens: u32,
     /// Models on disk.
     pub models: Vec<SimModel>,
 }
@@ -86,6 +90,7 @@ impl Default for SimSpec {
             ttft_ms: default_ttft_ms(),
             memory_gb: default_memory_gb(),
             reply_tokens: default_reply_tokens(),
+            template_tokens: 0,
             models: Vec::new(),
         }
     }
