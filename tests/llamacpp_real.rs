@@ -30,8 +30,16 @@ fn medium_prompt() -> String {
     "hello world ".repeat(130)
 }
 
+/// Prompt processing on one CPU thread of a loaded CI machine can take tens of seconds.
+fn slow_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(180))
+        .build()
+        .expect("client")
+}
+
 async fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut r = client().post(url).json(body);
+    let mut r = slow_client().post(url).json(body);
     for (k, v) in headers {
         r = r.header(*k, *v);
     }
