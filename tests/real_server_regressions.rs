@@ -75,3 +75,123 @@ fn short_chats_do_not_collapse_the_token_estimate() {
 fn node_yaml(s: &fleetgate::sim::SimHandle) -> String {
     node("tmpl", s, "")
 }
+
+/// Item 3: twelve `/v1/embeddings` calls to servers without embeddings (501) opened the breaker
+/// on both nodes and the next chat waited 26.7 s. "Not here" is not a fault: the pair is
+/// marked not capable of that endpoint (explained as `not_capable`), later calls go where it
+/// is served, chat is untouched and no breaker opens.
+#[test]
+fn not_here_answers_mark_not_capable_and_leave_the_breaker_closed() {
+    let rt = runtime();
+    let models = "models:\n  - {name: smol, size_gb: 0.1, context: 4096, loaded: true}\n  - {name: emb, size_gb: 0.1, loaded: true, embedding: true}\n";
+    let base = "seats: 4\ntokens_per_sec: 2000\nttft_ms: 1\nreply_tokens: 2\n";
+    let a = sim(&rt, &format!("{base}embeddings_501: true\n{models}"));
+    let b = sim(&rt, &format!("{base}{models}"));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\nbreaker:\n  failure_threshold: 2\n{}",
+        fleet(&[node("nc-a", &a, ""), node("nc-b", &b, "")])
+    ));
+    rt.block_on(async {
+        let emb = json!({"model": "emb", "input": "hello"});
+        let embed = |pin: Option<&'static str>| {
+            let mut r = client().post(gw.url("/v1/embeddings")).json(&emb);
+            if let Some(p) = pin {
+                r = r.header("x-fleet-pin-node", p);
+            }
+            r.send()
+        };
+        // Pinned to the node without embeddings: its own 501 reaches the client, twice (the
+        // second time the pair is already marked; nothing else may serve a pinned request).
+        for _ in 0..2 {
+            let started = std::time::Instant::now();
+            let r = embed(Some("nc-a")).await.unwrap();
+            assert_eq!(r.status(), 501);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["type"], "not_supported_error", "{v}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        }
+        for _ in 0..12 {
+            let r = embed(None).await.unwrap();
+            assert_eq!(r.status(), 200, "served where embeddings exist");
+            assert_eq!(r.headers()["x-fleet-node"], "nc-b");
+        }
+        let explain: Value = client()
+            .post(gw.admin_url("/fleet/explain/v1/embeddings"))
+            .json(&emb)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let row = explain["table"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["node"] == "nc-a")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(row["reason"], "not_capable", "{explain:#}");
+        // Chat on the same node is untouched and no breaker opened.
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .header("x-fleet-pin-node", "nc-a")
+            .json(&json!({"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let status = admin_json(&gw, "/fleet/status").await;
+        assert!(!status.to_string().contains("\"open\""), "a breaker opened: {status:#}");
+    });
+}
+
+/// Item 8: error responses and non-streaming requests (whose first byte is the whole answer)
+/// are not time-to-first-token samples; a streamed success is.
+#[test]
+fn ttft_histogram_counts_streamed_successes_only() {
+    let rt = runtime();
+    let node_sim = sim(
+        &rt,
+        "seats: 2\ntokens_per_sec: 2000\nttft_ms: 1\nreply_tokens: 3\ntemplate_tokens: 30\nmodels:\n  - {name: smol, size_gb: 0.1, context: 64, loaded: true}\n",
+    );
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\n{}",
+        fleet(&[node("tt", &node_sim, "")])
+    ));
+    rt.block_on(async {
+        let url = gw.url("/v1/chat/completions");
+        // First, before any calibration: the gateway estimates 14 + 30 tokens, the node's
+        // template makes it 74 > 64 and the node answers its own 400.
+        let r = client()
+            .post(&url)
+            .json(&chat(&"word ".repeat(8), 30))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.headers()["x-fleet-node"], "tt");
+        r.bytes().await.unwrap();
+        let r = client()
+            .post(&url)
+            .json(&chat("hi", 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let mut s = chat("hi", 2);
+        s["stream"] = json!(true);
+        let r = client().post(&url).json(&s).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let want = r#"fleetgate_proxy_time_to_first_token_seconds_count{model="smol",node="tt"} 1"#;
+        let done = r#"fleetgate_proxy_request_duration_seconds_count{model="smol",node="tt"} 3"#;
+        eventually("three requests accounted", || async {
+            metrics(&gw).await.contains(done)
+        })
+        .await;
+        let text = metrics(&gw).await;
+        assert!(text.contains(want), "{text}");
+    });
+}

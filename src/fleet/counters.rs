@@ -34,6 +34,8 @@ pub struct ModelCounters {
     reported_waiting: AtomicU32,
     /// The node:model circuit breaker (model-specific faults: 5xx, broken streams).
     pub breaker: Mutex<Breaker>,
+    /// Endpoints this node:model answered "not here" for (no fault, not the breaker's).
+    pub not_capable: super::capable::NotCapable,
 }
 
 impl ModelCounters {

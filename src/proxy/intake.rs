@@ -173,6 +173,7 @@ pub fn route_request(
             conversation_key(config.routing.affinity_secret.as_bytes(), &tenant(h), tag)
         }),
         require_warm: config.routing.require_warm || config.require_warm.contains(&primary),
+        endpoint: Some(ep.label()),
         ..RouteRequest::default()
     }
 }

@@ -28,6 +28,8 @@ pub fn classify(
         return None;
     }
     match upstream_status {
+        // "Not here" (501 embeddings on llama.cpp, 404, 405): not capable, never a fault.
+        Some(s) if crate::fleet::capable::says_not_here(s) => None,
         Some(s) if s >= 500 => Some(Outcome::Fault),
         // Headers arrived, then the node broke off: a broken stream.
         Some(_) if upstream_error => Some(Outcome::Fault),
@@ -53,6 +55,9 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
     };
     if let Some(outcome) = classify(status, upstream_error, unreachable) {
         fleet.record_outcome(c.node, Some(&c.model), outcome, now_ms());
+    }
+    if let Some(s) = status.filter(|s| crate::fleet::capable::says_not_here(*s)) {
+        fleet.mark_not_capable(c.node, &c.model, d.endpoint.label(), s, now_ms());
     }
     if !status.is_some_and(|s| (200..300).contains(&s)) || upstream_error {
         return;
@@ -103,7 +108,13 @@ mod tests {
     #[test]
     fn fault_qualifying_outcomes() {
         assert_eq!(classify(Some(200), false, false), Some(Outcome::Success));
-        assert_eq!(classify(Some(404), false, false), Some(Outcome::Success));
+        assert_eq!(
+            classify(Some(404), false, false),
+            None,
+            "not here: no fault"
+        );
+        assert_eq!(classify(Some(501), false, false), None);
+        assert_eq!(classify(Some(400), false, false), Some(Outcome::Success));
         assert_eq!(classify(Some(500), false, false), Some(Outcome::Fault));
         assert_eq!(classify(Some(200), true, false), Some(Outcome::Fault));
         assert_eq!(classify(None, true, false), Some(Outcome::Fault));
