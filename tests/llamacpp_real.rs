@@ -113,7 +113,13 @@ type Sent = HashMap<(String, String), u64>;
 
 /// One more request answered 200 by `node`.
 fn count(sent: &mut Sent, node: &str) {
-    *sent.entry((node.to_string(), "200".into())).or_default() += 1;
+    count_status(sent, node, 200);
+}
+
+fn count_status(sent: &mut Sent, node: &str, status: u16) {
+    *sent
+        .entry((node.to_string(), status.to_string()))
+        .or_default() += 1;
 }
 
 #[test]
@@ -235,6 +241,27 @@ fn real_llamacpp_fleet() {
         count(&mut sent, &node);
         let v: Value = r.json().await.unwrap();
         assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 256, "{v}");
+
+        // 2b. No server here has embeddings: each answers its own 501 at once, which is no
+        // fault (no breaker opens) and chat goes on untouched.
+        for _ in 0..12 {
+            let r = post(
+                &gw.url("/v1/embeddings"),
+                &json!({"model": MODEL, "input": "hi"}),
+                &[],
+            )
+            .await;
+            assert_eq!(r.status(), 501);
+            let node = node_of(&r);
+            count_status(&mut sent, &node, 501);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["type"], "not_supported_error", "{v}");
+        }
+        let status = admin_json(&gw, "/fleet/status").await;
+        assert!(
+            !status.to_string().contains("\"open\""),
+            "a breaker opened: {status:#}"
+        );
 
         // 3. Asleep = cold: the awake server that fits wins, and polling does not wake it.
         let deadline = Instant::now() + Duration::from_secs(30);

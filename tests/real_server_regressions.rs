@@ -195,3 +195,60 @@ fn ttft_histogram_counts_streamed_successes_only() {
         assert!(text.contains(want), "{text}");
     });
 }
+
+/// Item 2 (the learning half): a node's own context-overflow answer gives the real prompt
+/// count; the gateway learns it, so the same prompt is then refused by the gateway itself in
+/// the client's shape (`context_length_exceeded`) instead of being sent to fail again.
+#[test]
+fn a_nodes_overflow_answer_teaches_the_estimate() {
+    let rt = runtime();
+    let node_sim = sim(
+        &rt,
+        "seats: 2\ntokens_per_sec: 2000\nttft_ms: 1\nreply_tokens: 3\ntemplate_tokens: 200\nmodels:\n  - {name: smol, size_gb: 0.1, context: 512, loaded: true}\n",
+    );
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\n{}",
+        fleet(&[node("ov", &node_sim, "")])
+    ));
+    rt.block_on(async {
+        let url = gw.url("/v1/chat/completions");
+        // 1,400 chars: the gateway estimates ~354 + 8 <= 512; with its template the node
+        // counts 554 and answers its overflow error.
+        let body = chat(&"abcd ".repeat(280), 8);
+        let r = client().post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.headers()["x-fleet-node"], "ov", "the node's own answer");
+        r.bytes().await.unwrap();
+        eventually("the overflow answer is learned", || async {
+            estimate(&gw, &body).await >= 554
+        })
+        .await;
+        let r = client().post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        assert!(
+            r.headers().get("x-fleet-node").is_none(),
+            "refused by the gateway"
+        );
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    });
+    assert_eq!(
+        served(&node_sim),
+        1,
+        "the second attempt never reached the node"
+    );
+}
+
+/// The gateway's prompt-token estimate for `body` (`/fleet/explain`).
+async fn estimate(gw: &Gateway, body: &Value) -> u64 {
+    let v: Value = client()
+        .post(gw.admin_url("/fleet/explain"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["prompt_tokens"].as_u64().unwrap_or(0)
+}

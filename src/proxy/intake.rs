@@ -166,7 +166,12 @@ pub fn route_request(
         family: Some(ep.family()),
         translatable: protocol::translate::translatable(ep).to_vec(),
         prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),
-        max_output_tokens: parsed.max_tokens,
+        // An embedding produces no output tokens: no reserve for them.
+        max_output_tokens: if ep.is_embedding() {
+            Some(0)
+        } else {
+            parsed.max_tokens
+        },
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
         affinity_key: header_str(h, CONVERSATION_HEADER).map(|tag| {

@@ -15,6 +15,7 @@ pub mod intake;
 mod local;
 mod observe;
 mod outcome;
+mod overflow;
 mod place;
 mod respond;
 mod xlate;

@@ -43,16 +43,36 @@ pub fn classify(
 /// Account the outcome of `d` (once per client request, from the client-facing leg).
 pub fn account(fleet: &Fleet, d: &Dispatch) {
     let c = d.choice();
-    let (status, upstream_error, unreachable, first_byte, observed) = {
+    let (status, upstream_error, unreachable, first_byte, observed, overflow) = {
         let mut st = d.state.lock();
+        let overflow = matches!(st.upstream_status, Some(400 | 413))
+            .then(|| super::overflow::parse(st.observer.head()))
+            .flatten();
         (
             st.upstream_status,
             st.upstream_error,
             st.unreachable,
             st.first_byte,
             st.observer.finish(),
+            overflow,
         )
     };
+    if let Some(o) = overflow {
+        // The node counted the prompt itself: the estimate learns the real size.
+        log::info!(
+            "node {}: {} answered a context overflow (prompt {:?} tokens, window {:?})",
+            c.node_id,
+            c.model,
+            o.prompt_tokens,
+            o.window
+        );
+        if let Some(pt) = o.prompt_tokens {
+            let default = fleet.config().routing.chars_per_token;
+            fleet
+                .calibration
+                .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);
+        }
+    }
     if let Some(outcome) = classify(status, upstream_error, unreachable) {
         fleet.record_outcome(c.node, Some(&c.model), outcome, now_ms());
     }
