@@ -126,6 +126,8 @@ pub struct NodeConfig {
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
+    /// `protocols:` was set: `families` is final (no probing).
+    pub protocols_fixed: bool,
     pub max_context: Option<u32>,
     pub output_reserve: u32,
     pub overhead_tokens: u32,

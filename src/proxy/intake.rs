@@ -34,6 +34,15 @@ pub async fn read_body(
         session.set_keepalive(None);
         return Ok(Err(too_large(max)));
     }
+    let expects_continue = header_str(session.req_header(), "expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    if expects_continue {
+        // The client waits for this before sending the body: answer at once.
+        session
+            .as_downstream_mut()
+            .write_continue_response()
+            .await?;
+    }
     let mut buf = BodyBuf::new(fleet.clients.budget.clone());
     let read = async {
         while let Some(chunk) = session.read_request_body().await? {

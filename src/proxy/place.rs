@@ -120,6 +120,7 @@ pub async fn place(
     parsed: &ParsedRequest,
     req: &RouteRequest,
     arrived: Instant,
+    may_hold: bool,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
     let q = &fleet.config().queue;
     let started = Instant::now();
@@ -218,7 +219,7 @@ pub async fn place(
         };
         let pulling = no_route == NoRoute::ModelNotFound
             && crate::services::autopull::request(fleet, &req.models[0]);
-        if no_route != NoRoute::NoProvider && !pulling {
+        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling {
             let (code, msg) = no_route_error(no_route, parsed, req);
             return Ok(Err(Unplaced::Error(code, msg)));
         }

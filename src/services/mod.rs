@@ -10,6 +10,7 @@ pub mod ops;
 pub mod prewarm;
 pub mod rebalance;
 pub mod reload;
+pub mod shutdown;
 
 /// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.
 pub fn now_ms() -> u64 {
