@@ -36,6 +36,8 @@ pub struct ModelCounters {
     pub breaker: Mutex<Breaker>,
     /// Endpoints this node:model answered "not here" for (no fault, not the breaker's).
     pub not_capable: super::capable::NotCapable,
+    /// Rates learned from this pair's responses (completion mode).
+    pub rates: Mutex<super::PairRates>,
 }
 
 impl ModelCounters {
