@@ -3,6 +3,7 @@
 mod env;
 mod file;
 mod node;
+pub mod tenants;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -45,6 +46,10 @@ pub struct Config {
     /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
     pub agent_token: Option<String>,
     pub access_log: AccessLog,
+    /// API keys, tenants and their limits (`auth:`, `tenants:`).
+    pub tenancy: tenants::Tenancy,
+    /// Models whose output budget may be clamped to fit a window (`models.clamp_output`).
+    pub clamp_output: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +237,13 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let tenancy = tenants::validate(
+        &mut errors,
+        f.auth,
+        f.tenants,
+        |k| std::env::var(k).ok(),
+        |p| std::fs::read_to_string(p),
+    );
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
     for (i, n) in f.fleet.nodes.into_iter().enumerate() {
@@ -304,6 +316,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         allow_registration: f.fleet.allow_registration,
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
         access_log,
+        tenancy,
+        clamp_output: f.models.clamp_output,
     })
 }
 

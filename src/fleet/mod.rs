@@ -116,6 +116,8 @@ pub struct Fleet {
     pub board: Arc<crate::queue::Board>,
     /// Background actions in progress (pre-warm loads, pulls), one per key.
     pub ops: crate::services::ops::Ops,
+    /// Per-tenant limits state and usage.
+    pub tenants: crate::tenant::Book,
 }
 
 impl Fleet {
@@ -133,6 +135,7 @@ impl Fleet {
             calibration: Calibration::default(),
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
+            tenants: crate::tenant::Book::default(),
             ops: Default::default(),
         };
         fleet.publish();
@@ -237,6 +240,19 @@ impl Fleet {
             return crate::queue::Acquire::Refused;
         }
         crate::queue::acquire(idx, &self.node(idx), model)
+    }
+
+    /// `acquire` for a tenant's request: seats go to waiting tenants in weighted fair order.
+    pub fn acquire_as(
+        &self,
+        idx: usize,
+        model: &str,
+        share: &crate::queue::Share,
+    ) -> crate::queue::Acquire {
+        if !self.on_dispatch(idx, model) {
+            return crate::queue::Acquire::Refused;
+        }
+        crate::queue::acquire_as(idx, &self.node(idx), model, share)
     }
 
     /// A request is being sent to node:model: false when a breaker turns it away (open, or

@@ -13,7 +13,7 @@ use pingora_proxy::Session;
 use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{intake, local, place, respond};
+use super::{budget, intake, local, place, respond, tenancy};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -27,11 +27,15 @@ pub async fn client_request(
     let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
+    let family = respond::family_of_path(&path);
+    let Some(tenant) = tenancy::authenticate(fleet, session, log, &mut arrival, family).await?
+    else {
+        return Ok(());
+    };
     if let Some(l) = protocol::detect_local(&method, &path) {
         return local::answer(session, fleet, l).await;
     }
     let Some(ep) = protocol::detect(&method, &path) else {
-        let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
         let code = ErrorCode::NotFound;
         return fail(session, log, &arrival, family, code, &msg).await;
@@ -51,10 +55,18 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+    let Some(pass) = tenancy::admit(fleet, session, log, &arrival, family, &tenant, &req).await?
+    else {
+        return Ok(());
+    };
+    let opted_in = fleet.config().clamp_output.contains(&req.models[0]);
+    let clamped_req = budget::routable(&req, &fleet.view(), opted_in);
+    let route_req = clamped_req.as_ref().unwrap_or(&req);
+    let placement = match place::place(fleet, session, ep, &parsed, route_req, &pass).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
-            return fail(session, log, &arrival, family, code, &msg).await
+            tenancy::record_local(&pass, code, &req);
+            return fail(session, log, &arrival, family, code, &msg).await;
         }
         Err(gone) => return place::answer(session, ep, gone).await,
     };
@@ -63,6 +75,14 @@ pub async fn client_request(
         protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
         body
+    };
+    let clamped = clamped_req.as_ref().and_then(|_| {
+        let view = fleet.view();
+        budget::clamp_for(&req, view.nodes.get(placement.ranked[0].node)?, &model)
+    });
+    let body = match clamped {
+        Some(max) => budget::rewrite(ep, &body, max).unwrap_or(body),
+        None => body,
     };
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
@@ -78,6 +98,7 @@ pub async fn client_request(
         prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
+            clamped_max_tokens: clamped,
             ..Attempts::default()
         }),
     });
@@ -85,6 +106,16 @@ pub async fn client_request(
     let result = proxy_via_subrequest(session, &dispatch).await;
     record(&dispatch, log, &arrival);
     super::outcome::account(fleet, &dispatch);
+    let (status, code, usage) = {
+        let mut st = dispatch.state.lock();
+        let o = st.observer.finish();
+        (
+            st.status.unwrap_or(502),
+            st.code,
+            (o.prompt_tokens, o.output_tokens()),
+        )
+    };
+    tenancy::record(&pass, status, code, &req, Some(usage));
     result
 }
 

@@ -86,6 +86,18 @@ pub fn tenant(h: &RequestHeader) -> String {
     }
 }
 
+/// The tenant that conversation keys are HMAC'd with: the configured tenant id with auth on
+/// (all of a tenant's keys share its conversations), else the digest of the key (`tenant`).
+pub fn affinity_tenant(config: &Config, h: &RequestHeader) -> String {
+    if config.tenancy.auth_enabled() {
+        crate::tenant::auth::identify(&config.tenancy, h)
+            .unwrap_or("unauthenticated")
+            .to_string()
+    } else {
+        tenant(h)
+    }
+}
+
 /// Build what routing sees from the parsed body and the request headers.
 /// `chars_per_token` is the primary model's, calibrated from what the nodes report.
 pub fn route_request(
@@ -129,7 +141,11 @@ pub fn route_request(
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
         affinity_key: header_str(h, CONVERSATION_HEADER).map(|tag| {
-            conversation_key(config.routing.affinity_secret.as_bytes(), &tenant(h), tag)
+            conversation_key(
+                config.routing.affinity_secret.as_bytes(),
+                &affinity_tenant(config, h),
+                tag,
+            )
         }),
         require_warm: config.routing.require_warm || config.require_warm.contains(&primary),
         ..RouteRequest::default()

@@ -115,8 +115,26 @@ pub async fn place(
     ep: Endpoint,
     parsed: &ParsedRequest,
     req: &RouteRequest,
+    pass: &crate::tenant::Pass,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
     let q = &fleet.config().queue;
+    let share = crate::queue::Share {
+        tenant: pass.tenant().clone(),
+        weight: pass.limits.weight,
+    };
+    // Held while the request waits (node:model queue or holding queue): the tenant's
+    // `max_queued` counts it.
+    let mut queued: Option<crate::tenant::Queued> = None;
+    let wait_turn =
+        |queued: &mut Option<crate::tenant::Queued>| -> std::result::Result<(), Unplaced> {
+            if queued.is_none() {
+                *queued = Some(
+                    pass.queue()
+                        .map_err(|r| Unplaced::Error(ErrorCode::QueueFull, r.message))?,
+                );
+            }
+            Ok(())
+        };
     let started = Instant::now();
     let hold_deadline = started + Duration::from_secs(q.holding_timeout_s);
     let mut board: Option<WaitingGuard> = None;
@@ -138,7 +156,7 @@ pub async fn place(
         // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
         if let Some(w) = winner.clone().filter(|_| refusals < 3) {
             crate::metrics::record_decision(&decision, req.pin.is_some());
-            let lease = match fleet.acquire(w.node, &w.model) {
+            let lease = match fleet.acquire_as(w.node, &w.model, &share) {
                 Acquire::Ready(lease) => lease,
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
                 Acquire::Refused => {
@@ -146,6 +164,9 @@ pub async fn place(
                     continue;
                 }
                 Acquire::Wait(mut ticket) => {
+                    if let Err(e) = wait_turn(&mut queued) {
+                        return Ok(Err(e));
+                    }
                     let guard = board.take().unwrap_or_else(|| enter(None));
                     guard.set_node(Some(w.node_id.clone()));
                     let max_wait = tokio::time::sleep(Duration::from_secs(q.max_wait_s));
@@ -209,6 +230,9 @@ pub async fn place(
                         q.holding_max
                     ),
                 )));
+            }
+            if let Err(e) = wait_turn(&mut queued) {
+                return Ok(Err(e));
             }
             board = Some(enter(None));
         }

@@ -17,11 +17,25 @@ pub async fn json(
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(4))?;
+    json_with(session, status, body, retry_after, &[]).await
+}
+
+/// Write a complete JSON response with extra headers (e.g. `x-ratelimit-*`).
+pub async fn json_with(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(4 + extra.len()))?;
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len().to_string())?;
     if let Some(s) = retry_after {
         h.insert_header("retry-after", s.to_string())?;
+    }
+    for (name, value) in extra {
+        h.insert_header(*name, value.as_str())?;
     }
     let head = session.req_header().method == http::Method::HEAD;
     session.write_response_header(Box::new(h), head).await?;
