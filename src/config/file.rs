@@ -38,6 +38,12 @@ pub struct FileConfig {
     /// Tenant id -> weight and limits.
     #[serde(default)]
     pub tenants: BTreeMap<String, super::tenants::TenantFile>,
+    #[serde(default)]
+    pub clients: super::ClientsFile,
+    #[serde(default)]
+    pub admission: super::admission::AdmissionFile,
+    #[serde(default)]
+    pub timeouts: super::admission::TimeoutsFile,
 }
 
 /// One JSON line per proxied request, written off the request path.

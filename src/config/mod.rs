@@ -1,5 +1,7 @@
 //! Configuration: YAML file -> serde types -> env overrides -> `validate()` -> internal `Config`.
 
+mod admission;
+mod clients;
 mod env;
 mod file;
 mod node;
@@ -10,6 +12,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use admission::{AdmissionFile, TimeoutsFile};
+pub use clients::{Clients, ClientsFile};
 pub use env::apply_env;
 pub use file::*;
 use node::validate_node;
@@ -50,6 +54,9 @@ pub struct Config {
     pub tenancy: tenants::Tenancy,
     /// Models whose output budget may be clamped to fit a window (`models.clamp_output`).
     pub clamp_output: Vec<String>,
+    pub clients: Clients,
+    pub admission: AdmissionFile,
+    pub timeouts: TimeoutsFile,
 }
 
 #[derive(Debug, Clone)]
@@ -244,6 +251,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         |k| std::env::var(k).ok(),
         |p| std::fs::read_to_string(p),
     );
+    let clients = f.clients.validate(f.limits.max_body_bytes, &mut errors);
+    admission::validate(&mut errors, &f.admission, &f.timeouts);
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
     for (i, n) in f.fleet.nodes.into_iter().enumerate() {
@@ -318,6 +327,9 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         access_log,
         tenancy,
         clamp_output: f.models.clamp_output,
+        clients,
+        admission: f.admission,
+        timeouts: f.timeouts,
     })
 }
 

@@ -118,6 +118,8 @@ pub struct Fleet {
     pub ops: crate::services::ops::Ops,
     /// Per-tenant limits state and usage.
     pub tenants: crate::tenant::Book,
+    /// Client connections and buffered request bodies (`clients:`).
+    pub clients: Arc<crate::clients::ClientGuards>,
 }
 
 impl Fleet {
@@ -137,6 +139,7 @@ impl Fleet {
             board: Arc::default(),
             tenants: crate::tenant::Book::default(),
             ops: Default::default(),
+            clients: Arc::default(),
         };
         fleet.publish();
         Arc::new(fleet)

@@ -13,7 +13,7 @@ use pingora_proxy::Session;
 use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{budget, intake, local, place, respond, tenancy};
+use super::{budget, intake, local, place, respond, tenancy, xlate};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -24,6 +24,7 @@ pub async fn client_request(
     log: &AccessLog,
     session: &mut Session,
 ) -> Result<()> {
+    let arrived = Instant::now();
     let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
@@ -42,7 +43,7 @@ pub async fn client_request(
     };
     let family = ep.family();
     arrival.protocol = ep.label();
-    let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
+    let body = match intake::read_body(session, fleet).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
@@ -62,14 +63,24 @@ pub async fn client_request(
     let opted_in = fleet.config().clamp_output.contains(&req.models[0]);
     let clamped_req = budget::routable(&req, &fleet.view(), opted_in);
     let route_req = clamped_req.as_ref().unwrap_or(&req);
-    let placement = match place::place(fleet, session, ep, &parsed, route_req, &pass).await? {
-        Ok(p) => p,
-        Err(Unplaced::Error(code, msg)) => {
-            tenancy::record_local(&pass, code, &req);
-            return fail(session, log, &arrival, family, code, &msg).await;
-        }
-        Err(gone) => return place::answer(session, ep, gone).await,
-    };
+    let placement =
+        match place::place(fleet, session, ep, &parsed, route_req, arrived, &pass).await? {
+            Ok(p) => p,
+            Err(Unplaced::Error(code, msg)) => {
+                tenancy::record_local(&pass, code, &req);
+                return fail(session, log, &arrival, family, code, &msg).await;
+            }
+            Err(Unplaced::Refused(r)) => {
+                let code = ErrorCode::QueueFull;
+                tenancy::record_local(&pass, code, &req);
+                let body = protocol::error_body(family, code, &r.message);
+                record_local(arrival.protocol, code);
+                log.write(&arrival.local(code, body.len()));
+                return respond::json(session, code.status(), body, Some(r.retry_after_s)).await;
+            }
+            Err(gone) => return place::answer(session, ep, gone).await,
+        };
+    let mut placement = placement;
     let model = placement.ranked[0].model.clone();
     let body = if model != parsed.model {
         protocol::rewrite_model(&body, &model).unwrap_or(body)
@@ -84,8 +95,18 @@ pub async fn client_request(
         Some(max) => budget::rewrite(ep, &body, max).unwrap_or(body),
         None => body,
     };
+    let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
+    let body = match xlate::request(ep, upstream, body) {
+        Ok(b) => b,
+        Err(msg) => {
+            let code = ErrorCode::InvalidRequest;
+            tenancy::record_local(&pass, code, &req);
+            return fail(session, log, &arrival, family, code, &msg).await;
+        }
+    };
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
+        upstream,
         requested_model: parsed.model.clone(),
         affinity: placement.affinity,
         ranked: placement.ranked,
