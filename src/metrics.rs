@@ -386,18 +386,6 @@ pub fn record_decision(d: &crate::routing::Decision, pinned: bool) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use crate::routing::Reason;
-
-    #[test]
-    fn reason_table_matches_discriminants() {
-        for (i, r) in Reason::ALL.iter().enumerate() {
-            assert_eq!(*r as usize, i, "{}", r.as_str());
-        }
-    }
-}
-
 pub const TENANT_REQUESTS_TOTAL: &str = "fleetgate_tenant_requests_total";
 pub const TENANT_TOKENS_TOTAL: &str = "fleetgate_tenant_tokens_total";
 pub const TENANT_ERRORS_TOTAL: &str = "fleetgate_tenant_errors_total";
@@ -477,4 +465,16 @@ pub fn register_tenant(tenant: &str) {
         t.rejections.with_label_values(&[tenant, limit]);
     }
     t.in_flight.with_label_values(&[tenant]);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::routing::Reason;
+
+    #[test]
+    fn reason_table_matches_discriminants() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{}", r.as_str());
+        }
+    }
 }

@@ -273,6 +273,8 @@ pub struct ModelsFile {
     /// Models whose output budget is clamped to the chosen node's window when the prompt fits
     /// but prompt + requested output would not (spec 003 lease `maxTokens`); opt-in.
     pub clamp_output: Vec<String>,
+    /// Coding-agent model ids mapped by tier to what the fleet has.
+    pub resolve: super::resolve::ResolveFile,
 }
 
 /// The built-in affinity secret: fine for one gateway, set your own for several replicas

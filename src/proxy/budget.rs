@@ -118,7 +118,6 @@ mod tests {
     fn clamps_only_what_overflows_and_only_when_opted_in() {
         let view = FleetView {
             nodes: vec![node(4096)],
-            ..FleetView::default()
         };
         assert!(
             routable(&req(1000, Some(2000)), &view, true).is_none(),

@@ -5,12 +5,10 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use pingora::Result;
-use pingora_core::protocols::http::HttpTask;
-use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
-use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::access_log::{AccessLog, Arrival};
+use super::attempt::{self, Ended};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
 use super::{budget, intake, local, place, respond, tenancy, xlate};
@@ -60,51 +58,121 @@ pub async fn client_request(
     else {
         return Ok(());
     };
+    // Output budget fit (opt-in): route on the prompt alone, clamp per chosen node below.
     let opted_in = fleet.config().clamp_output.contains(&req.models[0]);
     let clamped_req = budget::routable(&req, &fleet.view(), opted_in);
     let route_req = clamped_req.as_ref().unwrap_or(&req);
-    let placement =
-        match place::place(fleet, session, ep, &parsed, route_req, arrived, &pass).await? {
-            Ok(p) => p,
-            Err(Unplaced::Error(code, msg)) => {
+    let clamp = clamped_req.as_ref().map(|_| &req);
+    let first = place::Terms {
+        arrived,
+        may_hold: true,
+        pass: &pass,
+    };
+    let placement = match place::place(fleet, session, ep, &parsed, route_req, first).await? {
+        Ok(p) => p,
+        Err(Unplaced::Error(code, msg)) => {
+            tenancy::record_local(&pass, code, &req);
+            return fail(session, log, &arrival, family, code, &msg).await;
+        }
+        Err(Unplaced::Refused(r)) => {
+            let code = ErrorCode::QueueFull;
+            tenancy::record_local(&pass, code, &req);
+            let body = protocol::error_body(family, code, &r.message);
+            record_local(arrival.protocol, code);
+            log.write(&arrival.local(code, body.len()));
+            return respond::json(session, code.status(), body, Some(r.retry_after_s)).await;
+        }
+        Err(gone) => return place::answer(session, ep, gone).await,
+    };
+    let mut placement = placement;
+    let mut retries = 0;
+    loop {
+        let d = match dispatch_for(fleet, ep, &parsed, &body, placement, retries, clamp) {
+            Ok(d) => d,
+            Err(msg) => {
+                let code = ErrorCode::InvalidRequest;
                 tenancy::record_local(&pass, code, &req);
                 return fail(session, log, &arrival, family, code, &msg).await;
             }
-            Err(Unplaced::Refused(r)) => {
-                let code = ErrorCode::QueueFull;
-                tenancy::record_local(&pass, code, &req);
-                let body = protocol::error_body(family, code, &r.message);
-                record_local(arrival.protocol, code);
-                log.write(&arrival.local(code, body.len()));
-                return respond::json(session, code.status(), body, Some(r.retry_after_s)).await;
-            }
-            Err(gone) => return place::answer(session, ep, gone).await,
         };
-    let mut placement = placement;
+        let ended = attempt::run(session, fleet, &d).await;
+        if !matches!(ended, Ok(Ended::Unsent)) {
+            // Accounted even when the client went away mid-response: the node did the work.
+            record(&d, log, &arrival);
+            super::outcome::account(fleet, &d);
+            tenancy::record_dispatch(&pass, &d, &req);
+            return ended.map(|_| ());
+        }
+        // Nothing reached the client: the breaker hears of it, the seat is freed, and the
+        // request goes back through placement (waiting in the next node's queue), retries
+        // and the original deadlines permitting.
+        super::outcome::account(fleet, &d);
+        let failed = d.choice().node_id.clone();
+        let spent = {
+            let mut st = d.state.lock();
+            drop(st.lease.take());
+            st.retries
+        };
+        let mut also = None;
+        if spent < d.max_retries {
+            let mut again = route_req.clone();
+            again.tried = d.tried_nodes();
+            let terms = place::Terms {
+                arrived,
+                may_hold: false,
+                pass: &pass,
+            };
+            match place::place(fleet, session, ep, &parsed, &again, terms).await? {
+                Ok(p) => {
+                    METRICS.retries.with_label_values(&[&failed]).inc();
+                    placement = p;
+                    retries = spent + 1;
+                    continue;
+                }
+                Err(Unplaced::Gone) => {
+                    record(&d, log, &arrival);
+                    tenancy::record_dispatch(&pass, &d, &req);
+                    return place::answer(session, ep, Unplaced::Gone).await;
+                }
+                Err(Unplaced::Error(_, msg)) => also = Some(format!("no other node: {msg}")),
+                Err(Unplaced::Refused(r)) => also = Some(format!("no other node: {}", r.message)),
+            }
+        }
+        let result = attempt::answer_unsent(session, &d, also.as_deref()).await;
+        record(&d, log, &arrival);
+        tenancy::record_dispatch(&pass, &d, &req);
+        return result;
+    }
+}
+
+/// The dispatch of one attempt: the placement's seat and candidates, the body for its model.
+fn dispatch_for(
+    fleet: &Fleet,
+    ep: protocol::Endpoint,
+    parsed: &protocol::ParsedRequest,
+    body: &bytes::Bytes,
+    mut placement: place::Placement,
+    retries: u32,
+    clamp: Option<&crate::routing::RouteRequest>,
+) -> std::result::Result<Arc<Dispatch>, String> {
     let model = placement.ranked[0].model.clone();
     let body = if model != parsed.model {
-        protocol::rewrite_model(&body, &model).unwrap_or(body)
+        protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
     } else {
-        body
+        body.clone()
     };
-    let clamped = clamped_req.as_ref().and_then(|_| {
+    // Clamped in the client's protocol, before any translation carries it over.
+    let clamped = clamp.and_then(|asked| {
         let view = fleet.view();
-        budget::clamp_for(&req, view.nodes.get(placement.ranked[0].node)?, &model)
+        budget::clamp_for(asked, view.nodes.get(placement.ranked[0].node)?, &model)
     });
     let body = match clamped {
         Some(max) => budget::rewrite(ep, &body, max).unwrap_or(body),
         None => body,
     };
     let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
-    let body = match xlate::request(ep, upstream, body) {
-        Ok(b) => b,
-        Err(msg) => {
-            let code = ErrorCode::InvalidRequest;
-            tenancy::record_local(&pass, code, &req);
-            return fail(session, log, &arrival, family, code, &msg).await;
-        }
-    };
-    let dispatch = Arc::new(Dispatch {
+    let body = xlate::request(ep, upstream, body)?;
+    Ok(Arc::new(Dispatch {
         endpoint: ep,
         upstream,
         requested_model: parsed.model.clone(),
@@ -116,28 +184,14 @@ pub async fn client_request(
         stream: parsed.stream,
         max_retries: fleet.config().routing.retries,
         prompt_chars: parsed.prompt_chars,
-        prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
+        prompt_fixed_tokens: super::outcome::fixed_tokens(parsed),
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
+            retries,
             clamped_max_tokens: clamped,
             ..Attempts::default()
         }),
-    });
-    // Accounted even when the client went away mid-response: the node did the work.
-    let result = proxy_via_subrequest(session, &dispatch).await;
-    record(&dispatch, log, &arrival);
-    super::outcome::account(fleet, &dispatch);
-    let (status, code, usage) = {
-        let mut st = dispatch.state.lock();
-        let o = st.observer.finish();
-        (
-            st.status.unwrap_or(502),
-            st.code,
-            (o.prompt_tokens, o.output_tokens()),
-        )
-    };
-    tenancy::record(&pass, status, code, &req, Some(usage));
-    result
+    }))
 }
 
 /// Answer with an error the gateway produced before any node was involved.
@@ -164,115 +218,6 @@ pub(super) fn record_local(protocol: &str, code: ErrorCode) {
         .errors
         .with_label_values(&[protocol, code.as_str()])
         .inc();
-}
-
-/// Send the request upstream through a subrequest that carries the body, piping the response.
-async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
-    let Some(spawner) = session.subrequest_spawner.as_ref() else {
-        return respond::error(
-            session,
-            d.endpoint.family(),
-            ErrorCode::UpstreamError,
-            "subrequests disabled",
-        )
-        .await;
-    };
-    let ctx = SubCtx::builder()
-        .user_ctx(Box::new(d.clone()))
-        .body_mode(BodyMode::ExpectBody)
-        .build();
-    let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
-    let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
-    let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
-    let failed = result.is_err();
-    match result {
-        Ok(mut state) => {
-            if let Some(j) = state.join_handle.take() {
-                let _ = j.await;
-            }
-        }
-        Err(mut e) => {
-            {
-                let mut st = d.state.lock();
-                if st.error.is_none() {
-                    st.error = Some(e.error.to_string());
-                }
-            }
-            // The failure can overtake response parts the node did send: forward those first.
-            if let Some(rx) = e.state.pipe_rx.take() {
-                forward_leftovers(session, rx).await;
-            }
-        }
-    }
-    if failed && session.response_written().is_some() {
-        // The node failed after the response began: nothing can be retried, so end the
-        // stream with an error the client's SDK understands.
-        // (The breaker hears of it through `upstream_error`, set by `error_while_proxy`.)
-        if d.stream {
-            let err = {
-                let mut st = d.state.lock();
-                st.code = Some(ErrorCode::UpstreamError);
-                st.error.clone().unwrap_or_default()
-            };
-            let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
-            let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
-            let _ = session.write_response_body(Some(chunk), true).await;
-        }
-        return Ok(());
-    }
-    if session.response_written().is_none() {
-        let (unreachable, err) = {
-            let st = d.state.lock();
-            (
-                st.unreachable,
-                st.error.clone().unwrap_or_else(|| "upstream failed".into()),
-            )
-        };
-        let (code, msg) = if unreachable {
-            (
-                ErrorCode::NoProviderAvailable,
-                format!("no node could be reached: {err}"),
-            )
-        } else {
-            (
-                ErrorCode::UpstreamError,
-                format!("node {} failed: {err}", d.choice().node_id),
-            )
-        };
-        let body = protocol::error_body(d.endpoint.family(), code, &msg);
-        {
-            let mut st = d.state.lock();
-            st.status = Some(code.status());
-            st.code = Some(code);
-            st.body_bytes = body.len();
-        }
-        return respond::json(session, code.status(), body, respond::retry_after(code)).await;
-    }
-    Ok(())
-}
-
-/// Write the response header and body parts still in the pipe after a subrequest failed.
-async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
-    let mut tasks = Vec::new();
-    let drain = async {
-        while let Some(t) = rx.recv().await {
-            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
-                tasks.push(t);
-            }
-        }
-    };
-    // The subrequest reports its failure last, so the pipe closes right after.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
-    let tasks: Vec<HttpTask> = tasks
-        .into_iter()
-        .map(|t| match t {
-            HttpTask::Body(b, _) => HttpTask::Body(b, false),
-            t => t,
-        })
-        .collect();
-    if !tasks.is_empty() {
-        let _ = session.write_response_tasks(tasks).await;
-    }
 }
 
 /// Count the outcome of a proxied request, log it and release its seat.

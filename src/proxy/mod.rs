@@ -8,6 +8,7 @@
 
 pub mod access_log;
 mod admit;
+mod attempt;
 mod budget;
 pub mod conn;
 mod dispatch;
@@ -19,6 +20,7 @@ mod outcome;
 mod place;
 mod respond;
 mod tenancy;
+mod watch;
 mod xlate;
 
 use std::sync::Arc;
@@ -215,6 +217,7 @@ impl ProxyHttp for Gateway {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
             st.upstream_status = Some(resp.status.as_u16());
+            st.last_activity = Some(Instant::now());
             (st.retries, st.clamped_max_tokens)
         };
         if let Some(max) = clamped {
@@ -247,6 +250,7 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.last_activity = Some(Instant::now());
             st.observer.feed(b);
         }
         if let Some(x) = ctx.translator.as_mut() {

@@ -112,6 +112,15 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
     ranked
 }
 
+/// How a request waits: deadlines count from `arrived`; `may_hold`: the holding queue is
+/// allowed (a first placement, not a failover); `pass`: its tenant's admission (fair share,
+/// `max_queued`).
+pub struct Terms<'a> {
+    pub arrived: Instant,
+    pub may_hold: bool,
+    pub pass: &'a crate::tenant::Pass,
+}
+
 /// Find a node and a seat for the request, waiting as the queues say.
 pub async fn place(
     fleet: &Arc<Fleet>,
@@ -119,9 +128,13 @@ pub async fn place(
     ep: Endpoint,
     parsed: &ParsedRequest,
     req: &RouteRequest,
-    arrived: Instant,
-    pass: &crate::tenant::Pass,
+    terms: Terms<'_>,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
+    let Terms {
+        arrived,
+        may_hold,
+        pass,
+    } = terms;
     let q = &fleet.config().queue;
     let share = crate::queue::Share {
         tenant: pass.tenant().clone(),
@@ -239,7 +252,7 @@ pub async fn place(
         };
         let pulling = no_route == NoRoute::ModelNotFound
             && crate::services::autopull::request(fleet, &req.models[0]);
-        if no_route != NoRoute::NoProvider && !pulling {
+        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling {
             let (code, msg) = no_route_error(no_route, parsed, req);
             return Ok(Err(Unplaced::Error(code, msg)));
         }

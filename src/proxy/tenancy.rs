@@ -100,6 +100,20 @@ pub fn record(
     );
 }
 
+/// Count a proxied request for its tenant once it is answered.
+pub fn record_dispatch(pass: &Pass, d: &super::dispatch::Dispatch, req: &RouteRequest) {
+    let (status, code, usage) = {
+        let mut st = d.state.lock();
+        let o = st.observer.finish();
+        (
+            st.status.unwrap_or(502),
+            st.code,
+            (o.prompt_tokens, o.output_tokens()),
+        )
+    };
+    record(pass, status, code, req, Some(usage));
+}
+
 /// Record a request the gateway answered itself after admission (no node processed it).
 pub fn record_local(pass: &Pass, code: ErrorCode, req: &RouteRequest) {
     record(
