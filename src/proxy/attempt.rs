@@ -13,7 +13,7 @@ use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::dispatch::Dispatch;
-use super::{respond, watch};
+use super::{framing, respond, watch};
 use crate::fleet::Fleet;
 use crate::protocol::{self, ErrorCode};
 
@@ -52,7 +52,16 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
     let mut held: Vec<HttpTask> = Vec::new();
     let mut held_bytes = 0usize;
     let stream = d.stream;
+    let http10 = session.req_header().version == http::Version::HTTP_10;
+    if http10 {
+        session.set_keepalive(None);
+    }
+    // Non-JSON node errors are held back for `reshaped_error`; HTTP/1.0 gets no chunking.
+    let mut frame = framing::client_filter(d.clone(), http10);
     let filter = |t: HttpTask| -> Result<Option<HttpTask>> {
+        let Some(t) = frame(t)? else {
+            return Ok(None);
+        };
         if stream {
             return Ok(Some(t));
         }
@@ -88,7 +97,20 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
             why = watch::stalled(fleet, d, Instant::now()) => Piped::Stalled(why),
         }
     };
+    if let Piped::Done(Ok(()), _) = &piped {
+        if let Some((status, body)) = framing::reshaped_error(d) {
+            let node = Some(d.choice().node_id.as_str());
+            d.state.lock().body_bytes = body.len();
+            respond::json_from(session, status, body, None, node).await?;
+            return Ok(Ended::Answered);
+        }
+    }
     match piped {
+        Piped::Done(Err(e), _) if stream && *e.esource() == pingora::ErrorSource::Downstream => {
+            // The client went away: not the node's fault, and nobody to tell.
+            note(d, "client closed the connection".into());
+            Ok(Ended::Answered)
+        }
         Piped::Done(Ok(()), _) if stream => Ok(Ended::Answered),
         Piped::Done(Ok(()), _) => {
             if d.state.lock().upstream_error || !complete(&held) {
@@ -182,7 +204,15 @@ pub async fn answer_unsent(session: &mut Session, d: &Dispatch, also: Option<&st
         st.code = Some(code);
         st.body_bytes = body.len();
     }
-    respond::json(session, code.status(), body, respond::retry_after(code)).await
+    let node = Some(d.choice().node_id.as_str());
+    respond::json_from(
+        session,
+        code.status(),
+        body,
+        respond::retry_after(code),
+        node,
+    )
+    .await
 }
 
 /// Write the response header and body parts still in the pipe after a subrequest failed.

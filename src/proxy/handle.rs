@@ -87,7 +87,9 @@ pub async fn client_request(
     let mut placement = placement;
     let mut retries = 0;
     loop {
-        let d = match dispatch_for(fleet, ep, &parsed, &body, placement, retries, clamp) {
+        let d = match dispatch_for(
+            fleet, ep, &parsed, route_req, &body, placement, retries, clamp,
+        ) {
             Ok(d) => d,
             Err(msg) => {
                 let code = ErrorCode::InvalidRequest;
@@ -95,7 +97,18 @@ pub async fn client_request(
                 return fail(session, log, &arrival, family, code, &msg).await;
             }
         };
-        let ended = attempt::run(session, fleet, &d).await;
+        let ended = {
+            let run = attempt::run(session, fleet, &d);
+            tokio::pin!(run);
+            tokio::select! {
+                r = &mut run => Some(r),
+                () = fleet.clients.grace_over() => None,
+            }
+        };
+        let ended = match ended {
+            Some(r) => r,
+            None => cut_at_shutdown(session, &d).await.map(|()| Ended::Answered),
+        };
         if !matches!(ended, Ok(Ended::Unsent)) {
             // Accounted even when the client went away mid-response: the node did the work.
             record(&d, log, &arrival);
@@ -146,16 +159,28 @@ pub async fn client_request(
 }
 
 /// The dispatch of one attempt: the placement's seat and candidates, the body for its model.
+#[allow(clippy::too_many_arguments)] // one call site; `clamp` is the opt-in budget fit
 fn dispatch_for(
     fleet: &Fleet,
     ep: protocol::Endpoint,
     parsed: &protocol::ParsedRequest,
+    req: &crate::routing::RouteRequest,
     body: &bytes::Bytes,
     mut placement: place::Placement,
     retries: u32,
     clamp: Option<&crate::routing::RouteRequest>,
 ) -> std::result::Result<Arc<Dispatch>, String> {
     let model = placement.ranked[0].model.clone();
+    let learn = super::dispatch::LearnInput {
+        affinity_key: req.affinity_key,
+        prompt_tokens: req.prompt_tokens,
+        cached_tokens: req.cached_prefix_tokens,
+        cached_on: req.cached_on.clone(),
+        concurrency: fleet
+            .node(placement.lease.node)
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+    };
     let body = if model != parsed.model {
         protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
     } else {
@@ -185,6 +210,7 @@ fn dispatch_for(
         max_retries: fleet.config().routing.retries,
         prompt_chars: parsed.prompt_chars,
         prompt_fixed_tokens: super::outcome::fixed_tokens(parsed),
+        learn,
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
             retries,
@@ -192,6 +218,33 @@ fn dispatch_for(
             ..Attempts::default()
         }),
     }))
+}
+
+/// The shutdown grace period ended with this request in flight: end a stream with the
+/// protocol's error event, answer 503 if nothing was sent yet.
+async fn cut_at_shutdown(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
+    let code = ErrorCode::Overloaded;
+    let msg = "the gateway is shutting down: its grace period (server.grace_period_s) is over";
+    d.state.lock().code = Some(code);
+    session.set_keepalive(None);
+    if session.response_written().is_some() {
+        if d.stream {
+            let chunk = protocol::stream_error_chunk(d.endpoint, code, msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
+    }
+    let body = protocol::error_body(d.endpoint.family(), code, msg);
+    d.state.lock().status = Some(code.status());
+    let node = Some(d.choice().node_id.as_str());
+    respond::json_from(
+        session,
+        code.status(),
+        body,
+        respond::retry_after(code),
+        node,
+    )
+    .await
 }
 
 /// Answer with an error the gateway produced before any node was involved.

@@ -17,7 +17,18 @@ pub async fn json(
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    json_with(session, status, body, retry_after, &[]).await
+    json_full(session, status, body, retry_after, None, &[]).await
+}
+
+/// Write a complete JSON response about a request that went to `node` (`X-Fleet-Node`).
+pub async fn json_from(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    node: Option<&str>,
+) -> Result<()> {
+    json_full(session, status, body, retry_after, node, &[]).await
 }
 
 /// Write a complete JSON response with extra headers (e.g. `x-ratelimit-*`).
@@ -28,7 +39,21 @@ pub async fn json_with(
     retry_after: Option<u32>,
     extra: &[(&'static str, String)],
 ) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    json_full(session, status, body, retry_after, None, extra).await
+}
+
+async fn json_full(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    node: Option<&str>,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(5 + extra.len()))?;
+    if let Some(n) = node {
+        h.insert_header(super::NODE_HEADER, n)?;
+    }
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len().to_string())?;
     if let Some(s) = retry_after {
@@ -79,4 +104,20 @@ pub fn family_of_path(path: &str) -> Family {
     } else {
         Family::OpenAI
     }
+}
+
+/// Answer a client request that failed before any response (the request could not be read):
+/// 400 in the client's shape (in the client leg only reading the client's request can fail;
+/// node trouble is handled by the subrequest), 502 for anything from a node.
+/// Returns the status (the client may already be gone: then nothing is written).
+pub async fn client_leg_failure(session: &mut Session, e: &pingora::Error) -> u16 {
+    let family = family_of_path(session.req_header().uri.path());
+    let (code, msg) = if *e.esource() == pingora::ErrorSource::Upstream {
+        (ErrorCode::UpstreamError, e.to_string())
+    } else {
+        (ErrorCode::InvalidRequest, format!("malformed request: {e}"))
+    };
+    session.set_keepalive(None);
+    let _ = error(session, family, code, &msg).await;
+    code.status()
 }
