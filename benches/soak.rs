@@ -75,13 +75,13 @@ fn main() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
-                let stream = (i + worker) % 3 == 0;
+                let stream = (i + worker).is_multiple_of(3);
                 let body = serde_json::json!({"model": "m:1b", "stream": stream,
                     "messages": [{"role": "user", "content": format!("soak {worker} {i}")}]});
                 match c.post(&url).json(&body).send().await {
                     Ok(mut r) => {
                         let status = r.status();
-                        if (i + worker) % 7 == 0 {
+                        if (i + worker).is_multiple_of(7) {
                             // A client that goes away after the first chunk.
                             let _ = r.chunk().await;
                             drop(r);
