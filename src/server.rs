@@ -66,6 +66,11 @@ pub fn prepare_with(config: Config, upgrade: bool) -> Result<Prepared, StartErro
         Ok(n) => log::info!("capacity learner: restored {n} node(s)"),
         Err(e) => log::warn!("capacity learner: starting fresh: {e}"),
     }
+    match fleet.load_rates() {
+        Ok(0) => {}
+        Ok(n) => log::info!("learned rates: restored {n} node:model pair(s)"),
+        Err(e) => log::warn!("learned rates: starting from priors: {e}"),
+    }
     let access_log =
         AccessLog::open(config.access_log.target.as_ref()).map_err(StartError::AccessLog)?;
     crate::metrics::register_nodes(config.nodes.iter().map(|n| n.id.as_str()));
