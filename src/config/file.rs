@@ -63,6 +63,8 @@ pub struct ServerFile {
     pub threads: usize,
     pub admin_token: Option<String>,
     pub grace_period_s: u64,
+    /// Unix socket a new process (`fleetgate run --upgrade`) takes the listening sockets from.
+    pub upgrade_sock: String,
 }
 
 impl Default for ServerFile {
@@ -73,6 +75,7 @@ impl Default for ServerFile {
             threads: 2,
             admin_token: None,
             grace_period_s: 30,
+            upgrade_sock: "/tmp/fleetgate_upgrade.sock".into(),
         }
     }
 }

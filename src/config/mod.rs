@@ -37,6 +37,7 @@ pub struct Config {
     pub threads: usize,
     pub admin_token: Option<String>,
     pub grace_period_s: u64,
+    pub upgrade_sock: String,
     pub limits: Limits,
     pub health: Health,
     pub routing: Routing,
@@ -301,6 +302,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         threads: f.server.threads,
         admin_token: f.server.admin_token.filter(|t| !t.is_empty()),
         grace_period_s: f.server.grace_period_s,
+        upgrade_sock: f.server.upgrade_sock,
         limits: Limits {
             max_body_bytes: f.limits.max_body_bytes,
             connect_timeout: Duration::from_millis(f.limits.connect_timeout_ms),
