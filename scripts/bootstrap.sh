@@ -2,17 +2,19 @@
 # Install what a fresh machine lacks to build and test fleetgate: cmake (pingora's zlib-ng
 # build runs it); with --prometheus, Debian's `prometheus` (tests/prometheus.rs runs a real
 # one against a test gateway); with --sdks, a Python venv with the official OpenAI, Ollama
-# and Anthropic SDKs that the SDK tests drive. scripts/test.sh passes both flags.
+# and Anthropic SDKs that the SDK tests drive; with --browser, Debian's `chromium` and
+# `chromium-driver` (tests/page.rs drives the fleet page headless). scripts/test.sh passes all three.
 # Safe to run repeatedly: installs only what is missing, with one `apt-get update`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_sdks=0; want_prometheus=0
+want_sdks=0; want_prometheus=0; want_browser=0
 for arg in "$@"; do
   case "$arg" in
     --sdks) want_sdks=1 ;;
     --prometheus) want_prometheus=1 ;;
-    *) echo "bootstrap: unknown option $arg (expected --sdks, --prometheus)" >&2; exit 64 ;;
+    --browser) want_browser=1 ;;
+    *) echo "bootstrap: unknown option $arg (expected --sdks, --prometheus, --browser)" >&2; exit 64 ;;
   esac
 done
 
@@ -20,6 +22,10 @@ packages=()
 command -v cmake >/dev/null 2>&1 || packages+=(cmake)
 if [ "$want_prometheus" = 1 ] && ! command -v prometheus >/dev/null 2>&1; then
   packages+=(prometheus)
+fi
+if [ "$want_browser" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
 fi
 if [ "${#packages[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${packages[*]}" >&2

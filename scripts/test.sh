@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run every test: unit, property, integration (real gateway + simulated nodes on 127.0.0.1),
-# the official Python SDKs against the gateway, and a real Prometheus scraping a test gateway.
-# Installs what it needs first (scripts/bootstrap.sh --sdks --prometheus).
+# the official Python SDKs against the gateway, a real Prometheus scraping a test gateway, and
+# the fleet page in headless chromium. Installs what it needs first (scripts/bootstrap.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh --sdks --prometheus
+scripts/bootstrap.sh --sdks --prometheus --browser
 export FLEETGATE_TEST_PYTHON="$PWD/.venv/bin/python"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --all-targets --no-fail-fast "$@"

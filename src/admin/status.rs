@@ -22,6 +22,7 @@ pub struct NodeStatus {
     pub backend: crate::config::Backend,
     /// Registered by a heartbeat rather than from the config file.
     pub dynamic: bool,
+    pub tier: crate::routing::Tier,
     pub health: Health,
     pub last_error: Option<String>,
     /// Warmup ends at (ms since the epoch) when the node came back recently.
@@ -102,6 +103,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                 url: cfg.url.clone(),
                 backend: cfg.backend,
                 dynamic: cfg.dynamic,
+                tier: n.tier,
                 health: n.health,
                 last_error: live.last_error.clone(),
                 warmup_until_ms: back.map(|t| t + warmup_ms).filter(|until| *until > now),
@@ -167,6 +169,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
 pub fn refresh_gauges(fleet: &Fleet) {
     METRICS.holding_depth.set(fleet.board.holding() as i64);
     let view = fleet.view();
+    super::zero::prime(&view);
     let now = now_ms();
     let states = fleet.nodes();
     for (i, n) in view.nodes.iter().enumerate() {

@@ -10,6 +10,7 @@ mod heartbeat;
 mod learning;
 mod live;
 mod presence;
+pub mod recent;
 mod reload;
 mod state;
 mod view;
@@ -116,6 +117,8 @@ pub struct Fleet {
     pub board: Arc<crate::queue::Board>,
     /// Background actions in progress (pre-warm loads, pulls), one per key.
     pub ops: crate::services::ops::Ops,
+    /// The last decisions and per node:model traffic, for the fleet page.
+    pub recent: recent::Recent,
 }
 
 impl Fleet {
@@ -134,6 +137,7 @@ impl Fleet {
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
             ops: Default::default(),
+            recent: Default::default(),
         };
         fleet.publish();
         Arc::new(fleet)

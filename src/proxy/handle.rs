@@ -85,6 +85,7 @@ pub async fn client_request(
     let result = proxy_via_subrequest(session, &dispatch).await;
     record(&dispatch, log, &arrival);
     super::outcome::account(fleet, &dispatch);
+    super::outcome::recent(fleet, &dispatch);
     result
 }
 

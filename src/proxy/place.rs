@@ -13,7 +13,7 @@ use crate::fleet::{Fleet, Lease};
 use crate::metrics::METRICS;
 use crate::protocol::{Endpoint, ErrorCode, ParsedRequest};
 use crate::queue::{Acquire, Waiting, WaitingGuard};
-use crate::routing::{self, AffinityKind, Choice, Decision, NoRoute, RouteRequest};
+use crate::routing::{self, AffinityKind, Choice, Decision, FleetView, NoRoute, RouteRequest};
 use crate::services::now_ms;
 
 /// Where a request will run, with its seat.
@@ -74,9 +74,22 @@ fn no_route_error(
     }
 }
 
-fn decide(fleet: &Fleet, req: &RouteRequest) -> Decision {
+fn decide(fleet: &Fleet, req: &RouteRequest) -> (Decision, Arc<FleetView>) {
     let view = fleet.view();
-    routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms())
+    let d = routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms());
+    (d, view)
+}
+
+/// Count a decision the proxy acts on and keep it for the fleet page.
+fn note(fleet: &Fleet, ep: Endpoint, req: &RouteRequest, d: &Decision, view: &Arc<FleetView>) {
+    crate::metrics::record_decision(d, req.pin.is_some());
+    fleet.recent.decided(crate::fleet::recent::DecisionNote {
+        at_ms: now_ms(),
+        endpoint: ep,
+        req: req.clone(),
+        decision: d.clone(),
+        view: view.clone(),
+    });
 }
 
 /// Same-model candidates with the node that holds the seat first.
@@ -133,11 +146,11 @@ pub async fn place(
     let mut refusals = 0;
     loop {
         let changed = fleet.changed.notified();
-        let decision = decide(fleet, req);
+        let (decision, view) = decide(fleet, req);
         let winner = decision.winner().cloned();
         // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
         if let Some(w) = winner.clone().filter(|_| refusals < 3) {
-            crate::metrics::record_decision(&decision, req.pin.is_some());
+            note(fleet, ep, req, &decision, &view);
             let lease = match fleet.acquire(w.node, &w.model) {
                 Acquire::Ready(lease) => lease,
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
@@ -186,7 +199,7 @@ pub async fn place(
         }
         refusals = 0;
         if board.is_none() && winner.is_none() {
-            crate::metrics::record_decision(&decision, req.pin.is_some());
+            note(fleet, ep, req, &decision, &view);
         }
         let no_route = match winner {
             Some(_) => NoRoute::NoProvider,
