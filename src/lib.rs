@@ -5,6 +5,7 @@ pub mod admin;
 pub mod agent;
 pub mod config;
 pub mod fleet;
+pub mod init;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

@@ -33,6 +33,19 @@ enum Command {
     Sim,
     /// Heartbeat this node's host facts to a gateway (run beside the node's backend).
     Agent(fleetgate::agent::AgentArgs),
+    /// Probe node URLs (Ollama, vLLM, SGLang, llama.cpp, LM Studio, OpenAI-compatible) and write
+    /// a commented config for them.
+    Init {
+        /// Node base URLs, e.g. http://10.0.0.7:11434
+        #[arg(required = true)]
+        urls: Vec<String>,
+        /// Write the config here instead of standard output.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Overwrite --output if it exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Show how a request would be routed on the fleet a config describes (static facts).
     Explain {
         /// JSON request body (OpenAI, Ollama or Anthropic).
@@ -65,6 +78,11 @@ fn main() -> ExitCode {
         Command::Check { files } => check(&files),
         Command::Sim => sim(&cli.config),
         Command::Agent(args) => agent(&cli.config, &args),
+        Command::Init {
+            urls,
+            output,
+            force,
+        } => init(&urls, output.as_deref(), force),
         Command::Explain {
             request,
             path,
@@ -169,6 +187,10 @@ fn agent(config: &Path, args: &fleetgate::agent::AgentArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn init(urls: &[String], output: Option<&Path>, force: bool) -> ExitCode {
+    ExitCode::from(fleetgate::init::cli(urls, output, force))
 }
 
 fn explain(config: &Path, request: &Path, path: Option<&str>, json: bool) -> ExitCode {
