@@ -1,5 +1,6 @@
 //! Configuration: YAML file -> serde types -> env overrides -> `validate()` -> internal `Config`.
 
+mod admission;
 mod env;
 mod file;
 mod node;
@@ -9,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use admission::{AdmissionFile, TimeoutsFile};
 pub use env::apply_env;
 pub use file::*;
 use node::validate_node;
@@ -45,6 +47,8 @@ pub struct Config {
     /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
     pub agent_token: Option<String>,
     pub access_log: AccessLog,
+    pub admission: AdmissionFile,
+    pub timeouts: TimeoutsFile,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +236,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    admission::validate(&mut errors, &f.admission, &f.timeouts);
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
     for (i, n) in f.fleet.nodes.into_iter().enumerate() {
@@ -304,6 +309,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         allow_registration: f.fleet.allow_registration,
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
         access_log,
+        admission: f.admission,
+        timeouts: f.timeouts,
     })
 }
 

@@ -13,6 +13,7 @@ mod local;
 mod ollama;
 mod openai;
 mod rewrite;
+pub mod translate;
 
 pub use crate::routing::Family;
 pub use detect::{detect, detect_local};
@@ -23,6 +24,10 @@ pub use local::{
     ModelInfo,
 };
 pub use rewrite::rewrite_model;
+
+/// Why a Responses request that points at stored state is refused (the gateway keeps none).
+pub const STATELESS: &str = "`previous_response_id` and `conversation` are not supported: \
+fleetgate is stateless and keeps no responses; send the whole conversation in `input`";
 
 /// A proxied inference endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,6 +14,8 @@ use crate::routing::{AffinityKind, Choice};
 #[derive(Debug)]
 pub struct Dispatch {
     pub endpoint: Endpoint,
+    /// What the node is sent: `endpoint`, or its translation when the node does not speak it.
+    pub upstream: Endpoint,
     pub requested_model: String,
     /// What conversation affinity did for this request.
     pub affinity: AffinityKind,
@@ -114,6 +116,7 @@ mod tests {
         let first = crate::queue::take_now(0, &nodes[0], &nodes[0].counters("m")).unwrap();
         Dispatch {
             endpoint: Endpoint::OpenAIChat,
+            upstream: Endpoint::OpenAIChat,
             requested_model: "m".into(),
             affinity: AffinityKind::None,
             ranked: (0..nodes.len()).map(choice).collect(),

@@ -13,7 +13,7 @@ use pingora_proxy::Session;
 use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{intake, local, place, respond};
+use super::{intake, local, place, respond, xlate};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -24,6 +24,7 @@ pub async fn client_request(
     log: &AccessLog,
     session: &mut Session,
 ) -> Result<()> {
+    let arrived = Instant::now();
     let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
@@ -51,21 +52,38 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+    let placement = match place::place(fleet, session, ep, &parsed, &req, arrived).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
             return fail(session, log, &arrival, family, code, &msg).await
         }
+        Err(Unplaced::Refused(r)) => {
+            let code = ErrorCode::QueueFull;
+            let body = protocol::error_body(family, code, &r.message);
+            record_local(arrival.protocol, code);
+            log.write(&arrival.local(code, body.len()));
+            return respond::json(session, code.status(), body, Some(r.retry_after_s)).await;
+        }
         Err(gone) => return place::answer(session, ep, gone).await,
     };
+    let mut placement = placement;
     let model = placement.ranked[0].model.clone();
     let body = if model != parsed.model {
         protocol::rewrite_model(&body, &model).unwrap_or(body)
     } else {
         body
     };
+    let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
+    let body = match xlate::request(ep, upstream, body) {
+        Ok(b) => b,
+        Err(msg) => {
+            let code = ErrorCode::InvalidRequest;
+            return fail(session, log, &arrival, family, code, &msg).await;
+        }
+    };
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
+        upstream,
         requested_model: parsed.model.clone(),
         affinity: placement.affinity,
         ranked: placement.ranked,

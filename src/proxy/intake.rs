@@ -124,6 +124,7 @@ pub fn route_request(
     RouteRequest {
         models,
         family: Some(ep.family()),
+        translatable: protocol::translate::translatable(ep).to_vec(),
         prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),
         max_output_tokens: parsed.max_tokens,
         required_tags,

@@ -7,6 +7,7 @@
 //! response is piped back to the client unbuffered.
 
 pub mod access_log;
+mod admit;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -15,6 +16,7 @@ mod observe;
 mod outcome;
 mod place;
 mod respond;
+mod xlate;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,6 +60,8 @@ impl Gateway {
 #[derive(Default)]
 pub struct RequestCtx {
     pub dispatch: Option<Arc<Dispatch>>,
+    /// Set when the node answers in another protocol than the client's.
+    pub translator: Option<crate::protocol::translate::ResponseTranslator>,
 }
 
 /// The dispatch a client request attached to this subrequest, if this is one.
@@ -112,6 +116,7 @@ impl ProxyHttp for Gateway {
                 );
             };
             prepare_upstream_header(session.req_header_mut(), d.body.len())?;
+            xlate::upstream_header(session.req_header_mut(), &d)?;
             ctx.dispatch = Some(d);
             return Ok(false);
         }
@@ -217,6 +222,7 @@ impl ProxyHttp for Gateway {
         if let Some(kind) = affinity_label(d.affinity) {
             resp.insert_header(AFFINITY_HEADER, kind)?;
         }
+        ctx.translator = xlate::response_header(resp, d, crate::services::now_ms() / 1000)?;
         Ok(())
     }
 
@@ -224,7 +230,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
         if let (Some(d), Some(b)) = (&ctx.dispatch, body.as_ref()) {
@@ -234,6 +240,9 @@ impl ProxyHttp for Gateway {
             }
             st.body_bytes += b.len();
             st.observer.feed(b);
+        }
+        if let Some(x) = ctx.translator.as_mut() {
+            xlate::body(x, body, end_of_stream);
         }
         Ok(None)
     }
