@@ -46,6 +46,9 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Print the bearer token of one node's agent (derived from the config's fleet.agent_token;
+    /// good for that node id only).
+    AgentToken { node_id: String },
     /// Show how a request would be routed on the fleet a config describes (static facts).
     Explain {
         /// JSON request body (OpenAI, Ollama or Anthropic).
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
             output,
             force,
         } => init(&urls, output.as_deref(), force),
+        Command::AgentToken { node_id } => agent_token(&cli.config, &node_id),
         Command::Explain {
             request,
             path,
@@ -96,6 +100,13 @@ fn run(path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    match fleetgate::clients::raise_nofile_limit() {
+        Ok((before, after)) if after > before => {
+            log::info!("open-files limit raised from {before} to {after}")
+        }
+        Ok((before, _)) => log::info!("open-files limit {before} (already at the hard limit)"),
+        Err(e) => log::warn!("open-files limit: cannot raise: {e}"),
+    }
     let (listen, nodes) = (config.listen, config.nodes.len());
     match fleetgate::server::prepare(config) {
         Ok(p) => {
@@ -109,6 +120,23 @@ fn run(path: &Path) -> ExitCode {
         Err(e) => {
             eprintln!("fleetgate: cannot start: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn agent_token(path: &Path, node_id: &str) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match config.agent_token {
+        Some(secret) => {
+            println!("{}", fleetgate::admin::auth::node_token(&secret, node_id));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("{}: fleet.agent_token is not set", path.display());
+            ExitCode::from(EXIT_CONFIG)
         }
     }
 }

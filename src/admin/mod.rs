@@ -1,7 +1,7 @@
 //! Admin listener: the fleet page (`/`), `/metrics`, `/fleet/status`, `/fleet/live`, agent
 //! heartbeats, node pause/resume/drain.
 
-mod auth;
+pub mod auth;
 mod control;
 pub mod explain;
 pub mod heartbeat;

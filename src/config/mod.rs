@@ -1,9 +1,11 @@
 //! Configuration: YAML file -> serde types -> env overrides -> `validate()` -> internal `Config`.
 
 mod admission;
+mod clients;
 mod env;
 mod file;
 mod node;
+mod resolve;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -11,10 +13,12 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use admission::{AdmissionFile, TimeoutsFile};
+pub use clients::{Clients, ClientsFile};
 pub use env::apply_env;
 pub use file::*;
 use node::validate_node;
 pub use node::{default_families, parse_url, valid_id, validate_agent};
+pub use resolve::{ResolveFile, TierFile};
 
 use crate::routing::{Family, Policy, Tier};
 use crate::sim::SimSpec;
@@ -39,6 +43,8 @@ pub struct Config {
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
     pub require_warm: Vec<String>,
+    /// `models.resolve`: coding-agent ids by tier.
+    pub resolve: crate::routing::Resolve,
     pub nodes: Vec<NodeConfig>,
     pub breaker: Breaker,
     pub learning: Learning,
@@ -47,6 +53,7 @@ pub struct Config {
     /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
     pub agent_token: Option<String>,
     pub access_log: AccessLog,
+    pub clients: Clients,
     pub admission: AdmissionFile,
     pub timeouts: TimeoutsFile,
 }
@@ -236,6 +243,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let clients = f.clients.validate(f.limits.max_body_bytes, &mut errors);
     admission::validate(&mut errors, &f.admission, &f.timeouts);
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
@@ -251,6 +259,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let resolve = resolve::validate_resolve(&mut errors, f.models.resolve);
     if f.access_log.path.as_deref() == Some("") {
         errors.push(
             "field `access_log.path`: empty: expected a file path (or no path for stdout)".into(),
@@ -297,6 +306,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
         require_warm: f.models.require_warm,
+        resolve,
         nodes,
         breaker: Breaker {
             failure_threshold: f.breaker.failure_threshold,
@@ -309,6 +319,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         allow_registration: f.fleet.allow_registration,
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
         access_log,
+        clients,
         admission: f.admission,
         timeouts: f.timeouts,
     })

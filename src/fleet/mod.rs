@@ -119,6 +119,8 @@ pub struct Fleet {
     pub ops: crate::services::ops::Ops,
     /// The last decisions and per node:model traffic, for the fleet page.
     pub recent: recent::Recent,
+    /// Client connections and buffered request bodies (`clients:`).
+    pub clients: Arc<crate::clients::ClientGuards>,
 }
 
 impl Fleet {
@@ -138,6 +140,7 @@ impl Fleet {
             board: Arc::default(),
             ops: Default::default(),
             recent: Default::default(),
+            clients: Arc::default(),
         };
         fleet.publish();
         Arc::new(fleet)

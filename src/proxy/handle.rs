@@ -39,7 +39,7 @@ pub async fn client_request(
     };
     let family = ep.family();
     arrival.protocol = ep.label();
-    let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
+    let body = match intake::read_body(session, fleet).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };

@@ -8,6 +8,7 @@
 
 pub mod access_log;
 mod admit;
+pub mod conn;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -120,8 +121,10 @@ impl ProxyHttp for Gateway {
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        handle::client_request(&self.fleet, &self.access_log, session).await?;
-        Ok(true)
+        conn::head_done(session);
+        let result = handle::client_request(&self.fleet, &self.access_log, session).await;
+        conn::request_done(session);
+        result.map(|()| true)
     }
 
     async fn upstream_peer(
