@@ -59,6 +59,11 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         Ok(n) => log::info!("capacity learner: restored {n} node(s)"),
         Err(e) => log::warn!("capacity learner: starting fresh: {e}"),
     }
+    match fleet.load_rates() {
+        Ok(0) => {}
+        Ok(n) => log::info!("learned rates: restored {n} node:model pair(s)"),
+        Err(e) => log::warn!("learned rates: starting from priors: {e}"),
+    }
     let access_log =
         AccessLog::open(config.access_log.target.as_ref()).map_err(StartError::AccessLog)?;
     crate::metrics::register_nodes(config.nodes.iter().map(|n| n.id.as_str()));
@@ -72,7 +77,9 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
 
     let conf = ServerConf {
         threads: config.threads,
-        grace_period_seconds: Some(config.grace_period_s),
+        // `services::shutdown::Drain` ends what is left at the grace period; Pingora's own
+        // (a plain sleep) is the backstop after it.
+        grace_period_seconds: Some(config.grace_period_s + 2),
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };

@@ -306,3 +306,95 @@ fn coding_agent_model_ids_resolve_by_tier() {
         assert_eq!(sim.control().stats().requests, before, "no node was asked");
     });
 }
+
+/// Without `protocols:`, what a node speaks is learned by asking it: an `openai` node that
+/// also answers Anthropic's and Ollama's endpoints gets those requests natively.
+#[test]
+fn protocols_are_probed_when_not_configured() {
+    let rt = runtime();
+    let sim = sim_serving(&rt, &[Family::OpenAI, Family::Anthropic, Family::Ollama]);
+    let yaml = format!(
+        "fleet:\n  nodes:\n    - id: multi\n      url: http://{}\n      backend: openai\n      capacity: 4\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let body = json!({"model": "llama3.2:3b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/v1/messages", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/v1/messages", "sent natively");
+        let body = json!({"model": "llama3.2:3b", "stream": false, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/api/chat", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/api/chat", "sent natively");
+    });
+    // The same node with `protocols: [openai]` is taken at its word: translated.
+    let yaml = format!(
+        "fleet:\n  nodes:\n    - id: multi\n      url: http://{}\n      backend: openai\n      protocols: [openai]\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let body = json!({"model": "llama3.2:3b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/v1/messages", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/v1/chat/completions", "translated");
+    });
+}
+
+/// Read the response until `want` shows up; fails after 10 s (the node is parked, so only a
+/// forwarded first token can satisfy it).
+async fn read_until(r: &mut reqwest::Response, want: &str) -> String {
+    let mut got = String::new();
+    let read = async {
+        while !got.contains(want) {
+            match r.chunk().await.expect("chunk") {
+                Some(c) => got.push_str(&String::from_utf8_lossy(&c)),
+                None => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+    got
+}
+
+/// The first token reaches the client, translated, while the node is still generating.
+#[test]
+fn translated_first_token_arrives_before_the_node_finishes() {
+    let rt = runtime();
+    let (sim, gw) = openai_only(&rt);
+    let ctl = sim.control();
+    rt.block_on(async {
+        for (path, body, want, end) in [
+            (
+                "/api/chat",
+                json!({"model": "llama3.2:3b", "messages": [{"role": "user", "content": "Hi"}]}),
+                "\"done\":false",
+                "\"done\":true",
+            ),
+            (
+                "/v1/messages",
+                json!({"model": "llama3.2:3b", "max_tokens": 8, "stream": true, "messages": [{"role": "user", "content": "Hi"}]}),
+                "text_delta",
+                "message_stop",
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "llama3.2:3b", "input": "Hi", "stream": true}),
+                "response.output_text.delta",
+                "response.completed",
+            ),
+        ] {
+            ctl.hold_after_first_chunk(true);
+            let mut r = client().post(gw.url(path)).json(&body).send().await.expect("send");
+            assert_eq!(r.status(), 200, "{path}");
+            let first = read_until(&mut r, want).await;
+            assert!(first.contains(want), "{path}: no token while the node is parked: {first}");
+            assert!(!first.contains(end), "{path}: the stream cannot be complete yet: {first}");
+            assert_eq!(ctl.stats().in_flight, 1, "{path}: node still generating");
+            ctl.release();
+            let rest = read_until(&mut r, end).await;
+            assert!(rest.contains(end), "{path}: {rest}");
+        }
+    });
+}

@@ -60,7 +60,7 @@ pub fn live_json(fleet: &Fleet) -> Value {
         .decisions()
         .iter()
         .map(|n| {
-            let report = Report::new(n.endpoint, &n.req, &n.decision, &n.view);
+            let report = Report::new(n.endpoint, &n.req, &n.decision, &n.view, n.mode);
             json!({ "at_ms": n.at_ms, "report": report })
         })
         .collect();

@@ -107,6 +107,9 @@ pub struct Routing {
     pub default_output_reserve: u32,
     pub affinity_secret: String,
     pub require_warm: bool,
+    /// Header-less prefix affinity (`routing.prefix_affinity`).
+    pub prefix_affinity: bool,
+    /// `policy.mode` holds `routing.mode`.
     pub policy: Policy,
 }
 
@@ -123,9 +126,15 @@ pub struct NodeConfig {
     pub hard_cap: Option<u32>,
     pub memory_gb: Option<f64>,
     pub bandwidth_gbps: Option<f64>,
+    /// Completion-mode priors: prompt tokens/s, output tokens/s, load GB/s.
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub load_gbps: Option<f64>,
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
+    /// `protocols:` was set: `families` is final (no probing).
+    pub protocols_fixed: bool,
     pub max_context: Option<u32>,
     pub output_reserve: u32,
     pub overhead_tokens: u32,
@@ -300,7 +309,11 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             default_output_reserve: f.routing.default_output_reserve,
             affinity_secret: f.routing.affinity_secret,
             require_warm: f.routing.require_warm,
-            policy: f.routing.policy,
+            prefix_affinity: f.routing.prefix_affinity,
+            policy: Policy {
+                mode: f.routing.mode,
+                ..f.routing.policy
+            },
         },
         queue: f.queue,
         aliases: f.models.aliases,

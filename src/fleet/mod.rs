@@ -9,7 +9,9 @@ mod counters;
 mod heartbeat;
 mod learning;
 mod live;
+mod prefix;
 mod presence;
+mod rates;
 pub mod recent;
 mod reload;
 mod state;
@@ -29,13 +31,15 @@ pub use counters::ModelCounters;
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
+pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
+pub use rates::{Observation, PairRates, RatesStore};
 pub use reload::ReloadReport;
 pub use state::Control;
 use view::{next_due, node_view, ViewParams};
 
 use crate::config::{Config, NodeConfig};
-use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView};
+use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView, Rates};
 use crate::services::now_ms;
 
 /// Live state of one node.
@@ -99,6 +103,9 @@ impl NodeState {
 pub struct Fleet {
     /// The configuration in force; `reload` swaps it.
     config: ArcSwap<Config>,
+    /// The configuration the process started with: its listeners and threads are the ones
+    /// running, whatever reloads came since.
+    started: Arc<Config>,
     /// The file it came from, for reloads (None: built from text, e.g. in tests).
     config_path: Mutex<Option<std::path::PathBuf>>,
     configs: ArcSwap<Vec<Arc<NodeConfig>>>,
@@ -119,6 +126,8 @@ pub struct Fleet {
     pub ops: crate::services::ops::Ops,
     /// The last decisions and per node:model traffic, for the fleet page.
     pub recent: recent::Recent,
+    /// Which node holds each conversation's prefix (completion mode's cache credit).
+    pub prefixes: PrefixMemory,
     /// Client connections and buffered request bodies (`clients:`).
     pub clients: Arc<crate::clients::ClientGuards>,
 }
@@ -128,6 +137,7 @@ impl Fleet {
         let configs: Vec<_> = config.nodes.iter().cloned().map(Arc::new).collect();
         let nodes = configs.iter().map(|c| Arc::new(new_state(c))).collect();
         let fleet = Fleet {
+            started: config.clone(),
             config: ArcSwap::new(config),
             config_path: Mutex::new(None),
             configs: ArcSwap::from_pointee(configs),
@@ -140,10 +150,16 @@ impl Fleet {
             board: Arc::default(),
             ops: Default::default(),
             recent: Default::default(),
+            prefixes: PrefixMemory::default(),
             clients: Arc::default(),
         };
         fleet.publish();
         Arc::new(fleet)
+    }
+
+    /// The configuration the process started with (what is bound and running).
+    pub fn started_config(&self) -> &Config {
+        &self.started
     }
 
     /// The configuration in force.
@@ -415,6 +431,14 @@ impl Loads for Fleet {
             .get(node)
             .and_then(|n| n.peek(model))
             .map_or_else(ModelLoad::default, |c| c.load())
+    }
+
+    fn rates(&self, node: usize, model: &str) -> Rates {
+        self.nodes
+            .load()
+            .get(node)
+            .and_then(|n| n.peek(model))
+            .map_or_else(Rates::default, |c| c.rates.lock().rates())
     }
 }
 

@@ -23,6 +23,8 @@ pub const BUCKETS: usize = 60;
 pub struct DecisionNote {
     pub at_ms: u64,
     pub endpoint: Endpoint,
+    /// How Stage 2 ranked (`routing.mode` when it was made).
+    pub mode: crate::routing::Mode,
     pub req: RouteRequest,
     pub decision: Decision,
     pub view: Arc<FleetView>,
@@ -191,6 +193,7 @@ mod tests {
             r.decided(DecisionNote {
                 at_ms: i,
                 endpoint: Endpoint::OpenAIChat,
+                mode: crate::routing::Mode::Spec,
                 req: RouteRequest::default(),
                 decision: Decision {
                     ranked: vec![],

@@ -134,11 +134,17 @@ pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
         memory_gb: cfg.memory_gb.unwrap_or(0.0),
         free_memory_gb: live.free_memory_gb,
         bandwidth_gbps: cfg.bandwidth_gbps,
+        prefill_tps: cfg.prefill_tps,
+        decode_tps: cfg.decode_tps,
+        load_gbps: cfg.load_gbps,
         seats,
         hard_cap: cfg.hard_cap.unwrap_or(seats * 4).max(seats),
         tier: cfg.tier,
         tags: cfg.tags.clone(),
-        families: cfg.families.clone(),
+        families: live
+            .probed_families
+            .clone()
+            .unwrap_or_else(|| cfg.families.clone()),
         models,
         output_reserve: cfg.output_reserve,
         overhead_tokens: cfg.overhead_tokens,

@@ -31,7 +31,23 @@ pub struct Dispatch {
     /// Prompt text characters and fixed (per-message/image) tokens, for calibration.
     pub prompt_chars: usize,
     pub prompt_fixed_tokens: u32,
+    /// What the rate learner and the prefix memory read after the response.
+    pub learn: LearnInput,
     pub state: Mutex<Attempts>,
+}
+
+/// The request's side of what a response teaches (`outcome::account`).
+#[derive(Debug, Clone, Default)]
+pub struct LearnInput {
+    /// Conversation key (header or prefix): the prefix memory is keyed by it.
+    pub affinity_key: Option<u64>,
+    /// Estimated prompt tokens, and those credited as cached (on `cached_on`, else on the
+    /// rendezvous node: where affinity matched).
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub cached_on: Option<String>,
+    /// Requests in flight on the node when this one was sent (itself included).
+    pub concurrency: u32,
 }
 
 /// Where the request is and what happened to it so far.
@@ -41,10 +57,14 @@ pub struct Attempts {
     pub current: usize,
     /// Indexes into `ranked` already tried.
     pub tried: Vec<usize>,
+    /// Of those, the ones skipped for want of a free seat (never sent anything).
+    pub skipped: Vec<usize>,
     pub retries: u32,
     pub lease: Option<Lease>,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
+    /// When the node last sent something (headers or a body chunk).
+    pub last_activity: Option<Instant>,
     /// The error that ended the attempt(s), when the upstream failed.
     pub error: Option<String>,
     /// Every attempt failed to connect: nothing reached any node.
@@ -59,9 +79,26 @@ pub struct Attempts {
     pub observer: super::observe::StreamObserver,
     /// The error the gateway answered with after the upstream failed.
     pub code: Option<ErrorCode>,
+    /// The node answered an error that is not JSON: its text, kept to be re-sent in the
+    /// client's error shape (`framing`).
+    pub reshape: Option<String>,
 }
 
 impl Dispatch {
+    /// Node ids of every candidate the request was sent to so far, the current one included
+    /// (not those skipped for want of a seat).
+    pub fn tried_nodes(&self) -> Vec<String> {
+        let st = self.state.lock();
+        let mut ids: Vec<String> = Vec::new();
+        for i in st.tried.iter().chain(std::iter::once(&st.current)) {
+            let id = &self.ranked[*i].node_id;
+            if !st.skipped.contains(i) && !ids.contains(id) {
+                ids.push(id.clone());
+            }
+        }
+        ids
+    }
+
     pub fn choice(&self) -> &Choice {
         let i = self.state.lock().current;
         &self.ranked[i]
@@ -86,7 +123,10 @@ impl Dispatch {
                     st.lease = Some(lease);
                     return Some(next);
                 }
-                None => st.tried.push(next),
+                None => {
+                    st.tried.push(next);
+                    st.skipped.push(next);
+                }
             }
         }
         None
@@ -109,6 +149,7 @@ mod tests {
             score: 0.0,
             fallback: false,
             cold: false,
+            predicted_s: None,
         }
     }
 
@@ -127,6 +168,7 @@ mod tests {
             max_retries,
             prompt_chars: 0,
             prompt_fixed_tokens: 0,
+            learn: LearnInput::default(),
             state: Mutex::new(Attempts {
                 lease: Some(first),
                 ..Attempts::default()

@@ -5,12 +5,10 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use pingora::Result;
-use pingora_core::protocols::http::HttpTask;
-use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
-use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::access_log::{AccessLog, Arrival};
+use super::attempt::{self, Ended};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
 use super::{intake, local, place, respond, xlate};
@@ -52,7 +50,7 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let placement = match place::place(fleet, session, ep, &parsed, &req, arrived).await? {
+    let placement = match place::place(fleet, session, ep, &parsed, &req, arrived, true).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
             return fail(session, log, &arrival, family, code, &msg).await
@@ -67,21 +65,99 @@ pub async fn client_request(
         Err(gone) => return place::answer(session, ep, gone).await,
     };
     let mut placement = placement;
+    let mut retries = 0;
+    loop {
+        let d = match dispatch_for(fleet, ep, &parsed, &req, &body, placement, retries) {
+            Ok(d) => d,
+            Err(msg) => {
+                let code = ErrorCode::InvalidRequest;
+                return fail(session, log, &arrival, family, code, &msg).await;
+            }
+        };
+        let ended = {
+            let run = attempt::run(session, fleet, &d);
+            tokio::pin!(run);
+            tokio::select! {
+                r = &mut run => Some(r),
+                () = fleet.clients.grace_over() => None,
+            }
+        };
+        let ended = match ended {
+            Some(r) => r,
+            None => cut_at_shutdown(session, &d).await.map(|()| Ended::Answered),
+        };
+        if !matches!(ended, Ok(Ended::Unsent)) {
+            // Accounted even when the client went away mid-response: the node did the work.
+            record(&d, log, &arrival);
+            super::outcome::account(fleet, &d);
+            super::outcome::recent(fleet, &d);
+            return ended.map(|_| ());
+        }
+        // Nothing reached the client: the breaker hears of it, the seat is freed, and the
+        // request goes back through placement (waiting in the next node's queue), retries
+        // and the original deadlines permitting.
+        super::outcome::account(fleet, &d);
+        let failed = d.choice().node_id.clone();
+        let spent = {
+            let mut st = d.state.lock();
+            drop(st.lease.take());
+            st.retries
+        };
+        let mut also = None;
+        if spent < d.max_retries {
+            let mut again = req.clone();
+            again.tried = d.tried_nodes();
+            match place::place(fleet, session, ep, &parsed, &again, arrived, false).await? {
+                Ok(p) => {
+                    METRICS.retries.with_label_values(&[&failed]).inc();
+                    placement = p;
+                    retries = spent + 1;
+                    continue;
+                }
+                Err(Unplaced::Gone) => {
+                    record(&d, log, &arrival);
+                    return place::answer(session, ep, Unplaced::Gone).await;
+                }
+                Err(Unplaced::Error(_, msg)) => also = Some(format!("no other node: {msg}")),
+                Err(Unplaced::Refused(r)) => also = Some(format!("no other node: {}", r.message)),
+            }
+        }
+        let result = attempt::answer_unsent(session, &d, also.as_deref()).await;
+        record(&d, log, &arrival);
+        super::outcome::recent(fleet, &d);
+        return result;
+    }
+}
+
+/// The dispatch of one attempt: the placement's seat and candidates, the body for its model.
+fn dispatch_for(
+    fleet: &Fleet,
+    ep: protocol::Endpoint,
+    parsed: &protocol::ParsedRequest,
+    req: &crate::routing::RouteRequest,
+    body: &bytes::Bytes,
+    mut placement: place::Placement,
+    retries: u32,
+) -> std::result::Result<Arc<Dispatch>, String> {
     let model = placement.ranked[0].model.clone();
+    let learn = super::dispatch::LearnInput {
+        affinity_key: req.affinity_key,
+        prompt_tokens: req.prompt_tokens,
+        cached_tokens: req.cached_prefix_tokens,
+        cached_on: req.cached_on.clone(),
+        concurrency: fleet
+            .node(placement.lease.node)
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+    };
     let body = if model != parsed.model {
-        protocol::rewrite_model(&body, &model).unwrap_or(body)
+        protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
     } else {
-        body
+        body.clone()
     };
     let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
-    let body = match xlate::request(ep, upstream, body) {
-        Ok(b) => b,
-        Err(msg) => {
-            let code = ErrorCode::InvalidRequest;
-            return fail(session, log, &arrival, family, code, &msg).await;
-        }
-    };
-    let dispatch = Arc::new(Dispatch {
+    let body = xlate::request(ep, upstream, body)?;
+    Ok(Arc::new(Dispatch {
         endpoint: ep,
         upstream,
         requested_model: parsed.model.clone(),
@@ -93,18 +169,41 @@ pub async fn client_request(
         stream: parsed.stream,
         max_retries: fleet.config().routing.retries,
         prompt_chars: parsed.prompt_chars,
-        prompt_fixed_tokens: super::outcome::fixed_tokens(&parsed),
+        prompt_fixed_tokens: super::outcome::fixed_tokens(parsed),
+        learn,
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
+            retries,
             ..Attempts::default()
         }),
-    });
-    // Accounted even when the client went away mid-response: the node did the work.
-    let result = proxy_via_subrequest(session, &dispatch).await;
-    record(&dispatch, log, &arrival);
-    super::outcome::account(fleet, &dispatch);
-    super::outcome::recent(fleet, &dispatch);
-    result
+    }))
+}
+
+/// The shutdown grace period ended with this request in flight: end a stream with the
+/// protocol's error event, answer 503 if nothing was sent yet.
+async fn cut_at_shutdown(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
+    let code = ErrorCode::Overloaded;
+    let msg = "the gateway is shutting down: its grace period (server.grace_period_s) is over";
+    d.state.lock().code = Some(code);
+    session.set_keepalive(None);
+    if session.response_written().is_some() {
+        if d.stream {
+            let chunk = protocol::stream_error_chunk(d.endpoint, code, msg);
+            let _ = session.write_response_body(Some(chunk), true).await;
+        }
+        return Ok(());
+    }
+    let body = protocol::error_body(d.endpoint.family(), code, msg);
+    d.state.lock().status = Some(code.status());
+    let node = Some(d.choice().node_id.as_str());
+    respond::json_from(
+        session,
+        code.status(),
+        body,
+        respond::retry_after(code),
+        node,
+    )
+    .await
 }
 
 /// Answer with an error the gateway produced before any node was involved.
@@ -131,115 +230,6 @@ pub(super) fn record_local(protocol: &str, code: ErrorCode) {
         .errors
         .with_label_values(&[protocol, code.as_str()])
         .inc();
-}
-
-/// Send the request upstream through a subrequest that carries the body, piping the response.
-async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Result<()> {
-    let Some(spawner) = session.subrequest_spawner.as_ref() else {
-        return respond::error(
-            session,
-            d.endpoint.family(),
-            ErrorCode::UpstreamError,
-            "subrequests disabled",
-        )
-        .await;
-    };
-    let ctx = SubCtx::builder()
-        .user_ctx(Box::new(d.clone()))
-        .body_mode(BodyMode::ExpectBody)
-        .build();
-    let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
-    let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
-    let result = pipe_subrequest(session, sub, handle, |t| Ok(Some(t)), input).await;
-    let failed = result.is_err();
-    match result {
-        Ok(mut state) => {
-            if let Some(j) = state.join_handle.take() {
-                let _ = j.await;
-            }
-        }
-        Err(mut e) => {
-            {
-                let mut st = d.state.lock();
-                if st.error.is_none() {
-                    st.error = Some(e.error.to_string());
-                }
-            }
-            // The failure can overtake response parts the node did send: forward those first.
-            if let Some(rx) = e.state.pipe_rx.take() {
-                forward_leftovers(session, rx).await;
-            }
-        }
-    }
-    if failed && session.response_written().is_some() {
-        // The node failed after the response began: nothing can be retried, so end the
-        // stream with an error the client's SDK understands.
-        // (The breaker hears of it through `upstream_error`, set by `error_while_proxy`.)
-        if d.stream {
-            let err = {
-                let mut st = d.state.lock();
-                st.code = Some(ErrorCode::UpstreamError);
-                st.error.clone().unwrap_or_default()
-            };
-            let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
-            let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
-            let _ = session.write_response_body(Some(chunk), true).await;
-        }
-        return Ok(());
-    }
-    if session.response_written().is_none() {
-        let (unreachable, err) = {
-            let st = d.state.lock();
-            (
-                st.unreachable,
-                st.error.clone().unwrap_or_else(|| "upstream failed".into()),
-            )
-        };
-        let (code, msg) = if unreachable {
-            (
-                ErrorCode::NoProviderAvailable,
-                format!("no node could be reached: {err}"),
-            )
-        } else {
-            (
-                ErrorCode::UpstreamError,
-                format!("node {} failed: {err}", d.choice().node_id),
-            )
-        };
-        let body = protocol::error_body(d.endpoint.family(), code, &msg);
-        {
-            let mut st = d.state.lock();
-            st.status = Some(code.status());
-            st.code = Some(code);
-            st.body_bytes = body.len();
-        }
-        return respond::json(session, code.status(), body, respond::retry_after(code)).await;
-    }
-    Ok(())
-}
-
-/// Write the response header and body parts still in the pipe after a subrequest failed.
-async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
-    let mut tasks = Vec::new();
-    let drain = async {
-        while let Some(t) = rx.recv().await {
-            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
-                tasks.push(t);
-            }
-        }
-    };
-    // The subrequest reports its failure last, so the pipe closes right after.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
-    let tasks: Vec<HttpTask> = tasks
-        .into_iter()
-        .map(|t| match t {
-            HttpTask::Body(b, _) => HttpTask::Body(b, false),
-            t => t,
-        })
-        .collect();
-    if !tasks.is_empty() {
-        let _ = session.write_response_tasks(tasks).await;
-    }
 }
 
 /// Count the outcome of a proxied request, log it and release its seat.

@@ -8,15 +8,18 @@
 
 pub mod access_log;
 mod admit;
+mod attempt;
 pub mod conn;
 mod dispatch;
+mod framing;
 mod handle;
 pub mod intake;
 mod local;
-mod observe;
+pub mod observe;
 mod outcome;
 mod place;
 mod respond;
+mod watch;
 mod xlate;
 
 use std::sync::Arc;
@@ -75,6 +78,8 @@ fn take_dispatch(session: &mut Session) -> Option<Arc<Dispatch>> {
 fn prepare_upstream_header(h: &mut RequestHeader, body_len: usize) -> Result<()> {
     h.remove_header("transfer-encoding");
     h.insert_header("content-length", body_len.to_string())?;
+    // The gateway answered `100 Continue` itself; the node gets the whole body at once.
+    h.remove_header("expect");
     for name in [
         intake::PIN_HEADER,
         intake::CONVERSATION_HEADER,
@@ -122,7 +127,11 @@ impl ProxyHttp for Gateway {
             return Ok(false);
         }
         conn::head_done(session);
+        // Pipelined requests are served in order, not dropped with the connection.
+        session.as_downstream_mut().set_pipelining_enabled(true);
+        let in_flight = self.fleet.clients.request();
         let result = handle::client_request(&self.fleet, &self.access_log, session).await;
+        drop(in_flight);
         conn::request_done(session);
         result.map(|()| true)
     }
@@ -205,6 +214,10 @@ impl ProxyHttp for Gateway {
         let Some(d) = &ctx.dispatch else {
             return Ok(());
         };
+        if resp.status.is_informational() {
+            // A node's own `100 Continue` (the client had its 100 from the gateway).
+            return Ok(());
+        }
         let c = d.choice();
         if c.cold && resp.status.is_success() {
             self.fleet.mark_loaded(c.node, &c.model);
@@ -213,6 +226,7 @@ impl ProxyHttp for Gateway {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
             st.upstream_status = Some(resp.status.as_u16());
+            st.last_activity = Some(Instant::now());
             st.retries
         };
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
@@ -242,6 +256,7 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.last_activity = Some(Instant::now());
             st.observer.feed(b);
         }
         if let Some(x) = ctx.translator.as_mut() {
@@ -250,12 +265,30 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
+    /// A client that went away is routine, not an error: debug, not one ERROR line each.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        let client = *e.esource() == pingora::ErrorSource::Downstream;
+        if client {
+            log::debug!("client went away: {e}");
+        }
+        client
+    }
+
     async fn fail_to_proxy(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if session.subrequest_ctx.is_none() && session.response_written().is_none() {
+            // The client leg failed before answering (a body it could not read: broken
+            // framing, a smuggling pair): say so in the client's shape, not with a bare close.
+            let code = respond::client_leg_failure(session, e).await;
+            return FailToProxy {
+                error_code: code,
+                can_reuse_downstream: false,
+            };
+        }
         // The client-facing request writes the native error (or ends the stream) itself.
         if let Some(d) = &ctx.dispatch {
             let mut st = d.state.lock();

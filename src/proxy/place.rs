@@ -90,6 +90,7 @@ fn note(fleet: &Fleet, ep: Endpoint, req: &RouteRequest, d: &Decision, view: &Ar
     fleet.recent.decided(crate::fleet::recent::DecisionNote {
         at_ms: now_ms(),
         endpoint: ep,
+        mode: fleet.config().routing.policy.mode,
         req: req.clone(),
         decision: d.clone(),
         view: view.clone(),
@@ -119,6 +120,7 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
                 score: 0.0,
                 fallback: decision.ranked.first().is_some_and(|c| c.fallback),
                 cold: false,
+                predicted_s: None,
             },
         ),
     }
@@ -133,6 +135,7 @@ pub async fn place(
     parsed: &ParsedRequest,
     req: &RouteRequest,
     arrived: Instant,
+    may_hold: bool,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
     let q = &fleet.config().queue;
     let started = Instant::now();
@@ -231,7 +234,7 @@ pub async fn place(
         };
         let pulling = no_route == NoRoute::ModelNotFound
             && crate::services::autopull::request(fleet, &req.models[0]);
-        if no_route != NoRoute::NoProvider && !pulling {
+        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling {
             let (code, msg) = no_route_error(no_route, parsed, req);
             return Ok(Err(Unplaced::Error(code, msg)));
         }

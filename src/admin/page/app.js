@@ -127,6 +127,11 @@ function renderQueue(holding, waiting) {
 const SIGNALS = [["warmth", "warm"], ["memory_fit", "fit"], ["queue_depth", "queue"], ["wait_time", "wait"],
   ["role_affinity", "role"], ["availability", "avail"], ["context_fit", "ctx"], ["session_affinity", "sess"],
   ["tier", "tier"], ["load", "load"]];
+// Completion mode's terms: [field, header, format].
+const secs = (v) => fmt.ms((v || 0) * 1000);
+const TERMS = [["wait_s", "wait", secs], ["load_s", "load", secs], ["prefill_s", "prefill", secs],
+  ["decode_s", "decode", secs], ["ahead", "ahead", String], ["cached_tokens", "cached", String],
+  ["observed", "learned from", String]];
 const openDecisions = new Set();
 
 function renderDecisions(decisions) {
@@ -139,13 +144,23 @@ function renderDecisions(decisions) {
         el("span", { class: "muted" }, ` score ${w.score.toFixed(1)}`),
         w.fallback ? badge("fallback") : null, w.cold ? badge("cold load", "cold") : null)
       : badge(r.no_route || "no route", "noroute");
+    const cols = r.mode === "completion" ? TERMS : SIGNALS;
     const head = el("tr", {}, el("th", {}, "node"), el("th", {}, "model"), el("th", {}, "verdict"),
-      el("th", { class: "num" }, "total"), ...SIGNALS.map(([, s]) => el("th", { class: "num" }, s)));
+      el("th", { class: "num" }, r.mode === "completion" ? "finish" : "total"),
+      ...cols.map(([, s]) => el("th", { class: "num" }, s)));
     const rows = r.table.map((row) => {
       const won = w && row.node === w.node_id && row.model === w.model;
       if (row.verdict === "eliminated") {
         return el("tr", { class: "eliminated" }, el("td", {}, row.node), el("td", {}, row.model),
-          el("td", { colSpan: 2 + SIGNALS.length }, badge(row.reason, "reason")));
+          el("td", { colSpan: 2 + cols.length }, badge(row.reason, "reason")));
+      }
+      if (row.verdict === "predicted") {
+        return el("tr", { class: won ? "won" : "" }, el("td", {}, row.node), el("td", {}, row.model),
+          el("td", {}, won ? "winner" : "predicted"), el("td", { class: "num" }, fmt.ms(row.total_s * 1000)),
+          ...TERMS.map(([k, , f]) => el("td", { class: "num" + (!row[k] ? " zero" : "") }, f(row[k]))));
+      }
+      if (!row.signals) {
+        return el("tr", {}, el("td", {}, row.node), el("td", {}, row.model), el("td", { colSpan: 2 + cols.length }, row.verdict));
       }
       return el("tr", { class: won ? "won" : "" }, el("td", {}, row.node), el("td", {}, row.model),
         el("td", {}, won ? "winner" : "scored"), el("td", { class: "num" }, row.total.toFixed(1)),
