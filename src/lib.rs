@@ -15,3 +15,4 @@ pub mod routing;
 pub mod server;
 pub mod services;
 pub mod sim;
+pub mod tenant;

@@ -13,6 +13,8 @@ pub struct FleetStatus {
     pub nodes: Vec<NodeStatus>,
     /// Calibrated chars-per-token per model (from `usage`), when any.
     pub chars_per_token: Vec<(String, f64)>,
+    /// Per tenant: limits, what is in flight and queued, usage since start.
+    pub tenants: Vec<crate::tenant::TenantStatus>,
 }
 
 #[derive(Serialize)]
@@ -162,6 +164,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
     FleetStatus {
         nodes,
         chars_per_token: fleet.calibration.snapshot(),
+        tenants: fleet.tenants.status(&fleet.config().tenancy, now_ms()),
     }
 }
 

@@ -32,6 +32,12 @@ pub struct FileConfig {
     pub agent: Option<AgentFile>,
     #[serde(default)]
     pub access_log: AccessLogFile,
+    /// API keys -> tenants; auth is on when any key is configured.
+    #[serde(default)]
+    pub auth: super::tenants::AuthFile,
+    /// Tenant id -> weight and limits.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, super::tenants::TenantFile>,
     #[serde(default)]
     pub clients: super::ClientsFile,
     #[serde(default)]
@@ -57,6 +63,8 @@ pub struct ServerFile {
     pub threads: usize,
     pub admin_token: Option<String>,
     pub grace_period_s: u64,
+    /// Unix socket a new process (`fleetgate run --upgrade`) takes the listening sockets from.
+    pub upgrade_sock: String,
 }
 
 impl Default for ServerFile {
@@ -67,6 +75,7 @@ impl Default for ServerFile {
             threads: 2,
             admin_token: None,
             grace_period_s: 30,
+            upgrade_sock: "/tmp/fleetgate_upgrade.sock".into(),
         }
     }
 }
@@ -270,6 +279,9 @@ pub struct ModelsFile {
     pub fallbacks: BTreeMap<String, Vec<String>>,
     /// Models served only by nodes that have them loaded (spec 004 warm-only rule).
     pub require_warm: Vec<String>,
+    /// Models whose output budget is clamped to the chosen node's window when the prompt fits
+    /// but prompt + requested output would not (spec 003 lease `maxTokens`); opt-in.
+    pub clamp_output: Vec<String>,
     /// Coding-agent model ids mapped by tier to what the fleet has.
     pub resolve: super::resolve::ResolveFile,
 }

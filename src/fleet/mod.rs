@@ -126,6 +126,8 @@ pub struct Fleet {
     pub ops: crate::services::ops::Ops,
     /// The last decisions and per node:model traffic, for the fleet page.
     pub recent: recent::Recent,
+    /// Per-tenant limits state and usage.
+    pub tenants: crate::tenant::Book,
     /// Which node holds each conversation's prefix (completion mode's cache credit).
     pub prefixes: PrefixMemory,
     /// Client connections and buffered request bodies (`clients:`).
@@ -148,6 +150,7 @@ impl Fleet {
             calibration: Calibration::default(),
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
+            tenants: crate::tenant::Book::default(),
             ops: Default::default(),
             recent: Default::default(),
             prefixes: PrefixMemory::default(),
@@ -260,6 +263,19 @@ impl Fleet {
             return crate::queue::Acquire::Refused;
         }
         crate::queue::acquire(idx, &self.node(idx), model)
+    }
+
+    /// `acquire` for a tenant's request: seats go to waiting tenants in weighted fair order.
+    pub fn acquire_as(
+        &self,
+        idx: usize,
+        model: &str,
+        share: &crate::queue::Share,
+    ) -> crate::queue::Acquire {
+        if !self.on_dispatch(idx, model) {
+            return crate::queue::Acquire::Refused;
+        }
+        crate::queue::acquire_as(idx, &self.node(idx), model, share)
     }
 
     /// A request is being sent to node:model: false when a breaker turns it away (open, or

@@ -135,6 +135,18 @@ pub fn tenant(h: &RequestHeader) -> String {
     }
 }
 
+/// The tenant that conversation keys are HMAC'd with: the configured tenant id with auth on
+/// (all of a tenant's keys share its conversations), else the digest of the key (`tenant`).
+pub fn affinity_tenant(config: &Config, h: &RequestHeader) -> String {
+    if config.tenancy.auth_enabled() {
+        crate::tenant::auth::identify(&config.tenancy, h)
+            .unwrap_or("unauthenticated")
+            .to_string()
+    } else {
+        tenant(h)
+    }
+}
+
 /// Build what routing sees from the parsed body and the request headers.
 /// `chars_per_token` is the primary model's, calibrated from what the nodes report.
 pub fn route_request(
@@ -194,13 +206,14 @@ fn affinity_key(
     model: &str,
 ) -> Option<u64> {
     let secret = config.routing.affinity_secret.as_bytes();
+    let tenant = affinity_tenant(config, h);
     if let Some(tag) = header_str(h, CONVERSATION_HEADER) {
-        return Some(conversation_key(secret, &tenant(h), tag));
+        return Some(conversation_key(secret, &tenant, tag));
     }
     let implicit = config.routing.prefix_affinity
         && config.routing.policy.mode == crate::routing::Mode::Completion;
     let prefix = parsed.prefix.filter(|_| implicit)?;
-    Some(prefix_key(secret, &tenant(h), model, prefix.hash))
+    Some(prefix_key(secret, &tenant, model, prefix.hash))
 }
 
 /// Tokens of the conversation a node already caches, and which node: what this gateway saw
