@@ -90,6 +90,10 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         HealthPoller::new(fleet.clone()),
     ));
     server.add_service(background_service(
+        "start-up settle",
+        crate::services::settle::Settle::new(fleet.clone()),
+    ));
+    server.add_service(background_service(
         "fleet clock",
         FleetClock::new(fleet.clone()),
     ));

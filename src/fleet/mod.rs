@@ -327,7 +327,8 @@ impl Fleet {
     /// when seats grew.
     fn set_seats(&self, idx: usize, view: &NodeView, st: &Arc<NodeState>) {
         let cfg = self.node_config(idx);
-        let known = cfg.seats.or(st.live.lock().seats);
+        let reported = st.live.lock().seats;
+        let known = crate::queue::seats::known(cfg.seats, reported, cfg.backend).map(|k| k.0);
         let held: f64 = view
             .models
             .iter()

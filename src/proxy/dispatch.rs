@@ -20,6 +20,8 @@ pub struct Dispatch {
     /// Winner first, then same-model runners-up for failover.
     pub ranked: Vec<Choice>,
     pub body: Bytes,
+    /// `body` differs from what the client sent (the served model was written into it).
+    pub rewritten: bool,
     pub started: Instant,
     /// Time spent in the holding and node:model queues before dispatch.
     pub queue_wait: std::time::Duration,
@@ -57,6 +59,8 @@ pub struct Attempts {
     pub observer: super::observe::StreamObserver,
     /// The error the gateway answered with after the upstream failed.
     pub code: Option<ErrorCode>,
+    /// Attempts repeated because a pooled connection turned out closed by the node.
+    pub stale_retries: u32,
 }
 
 impl Dispatch {
@@ -118,6 +122,7 @@ mod tests {
             affinity: AffinityKind::None,
             ranked: (0..nodes.len()).map(choice).collect(),
             body: Bytes::new(),
+            rewritten: false,
             started: Instant::now(),
             queue_wait: Default::default(),
             stream: false,

@@ -18,51 +18,68 @@ use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
 
-/// Serve one client request completely (the response is written when this returns Ok).
+/// How a client request goes on after `request_filter`.
+pub enum Next {
+    /// Answered: locally, with an error, or piped back from the subrequest.
+    Done,
+    /// Pingora proxies it in this very session: the body (at most 64 KiB) is replayed from
+    /// its retry buffer on every attempt, and `logging` accounts for it.
+    Direct(Arc<Dispatch>, Box<Arrival>),
+}
+
+/// Serve one client request: answered here, or handed back to Pingora to proxy directly.
 pub async fn client_request(
     fleet: &Arc<Fleet>,
     log: &AccessLog,
     session: &mut Session,
-) -> Result<()> {
+) -> Result<Next> {
+    let done = |r: Result<()>| r.map(|()| Next::Done);
     let mut arrival = Arrival::new(session.req_header());
-    let method = session.req_header().method.as_str().to_string();
-    let path = session.req_header().uri.path().to_string();
-    if let Some(l) = protocol::detect_local(&method, &path) {
-        return local::answer(session, fleet, l).await;
+    let (method, path) = {
+        let h = session.req_header();
+        (h.method.clone(), h.uri.path().to_string())
+    };
+    if let Some(l) = protocol::detect_local(method.as_str(), &path) {
+        return done(local::answer(session, fleet, l).await);
     }
-    let Some(ep) = protocol::detect(&method, &path) else {
+    let Some(ep) = protocol::detect(method.as_str(), &path) else {
         let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
         let code = ErrorCode::NotFound;
-        return fail(session, log, &arrival, family, code, &msg).await;
+        return done(fail(session, log, &arrival, family, code, &msg).await);
     };
     let family = ep.family();
     arrival.protocol = ep.label();
+    // Pingora keeps up to 64 KiB of what is read here and replays it upstream (the direct path).
+    session.enable_retry_buffering();
     let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
         Ok(b) => b,
-        Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
+        Err((code, msg)) => return done(fail(session, log, &arrival, family, code, &msg).await),
     };
     arrival.bytes_in = body.len();
     let (parsed, req) = match intake::prepare(fleet, ep, &body, session.req_header()) {
         Ok(v) => v,
         Err(msg) => {
             let code = ErrorCode::InvalidRequest;
-            return fail(session, log, &arrival, family, code, &msg).await;
+            return done(fail(session, log, &arrival, family, code, &msg).await);
         }
     };
     arrival.requested_model = parsed.model.clone();
     let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
-            return fail(session, log, &arrival, family, code, &msg).await
+            return done(fail(session, log, &arrival, family, code, &msg).await)
         }
-        Err(gone) => return place::answer(session, ep, gone).await,
+        Err(gone) => return done(place::answer(session, ep, gone).await),
     };
-    let model = placement.ranked[0].model.clone();
-    let body = if model != parsed.model {
-        protocol::rewrite_model(&body, &model).unwrap_or(body)
+    let model = &placement.ranked[0].model;
+    let (body, rewritten) = if *model != parsed.model {
+        match protocol::rewrite_model(&body, model) {
+            Some(b) => (b, true),
+            None => (body, false),
+        }
     } else {
-        body
+        (body, false)
     };
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
@@ -70,6 +87,7 @@ pub async fn client_request(
         affinity: placement.affinity,
         ranked: placement.ranked,
         body,
+        rewritten,
         started: Instant::now(),
         queue_wait: placement.queue_wait,
         stream: parsed.stream,
@@ -81,11 +99,20 @@ pub async fn client_request(
             ..Attempts::default()
         }),
     });
-    // Accounted even when the client went away mid-response: the node did the work.
+    if !session.retry_buffer_truncated() && !dispatch.body.is_empty() {
+        return Ok(Next::Direct(dispatch, Box::new(arrival)));
+    }
+    // Larger bodies: a subrequest carrying the body (no size limit).
     let result = proxy_via_subrequest(session, &dispatch).await;
-    record(&dispatch, log, &arrival);
-    super::outcome::account(fleet, &dispatch);
-    result
+    finish(fleet, log, &dispatch, &arrival);
+    done(result)
+}
+
+/// Account for a proxied request, log it and free its seat; also when the client went away
+/// mid-response (the node did the work).
+pub fn finish(fleet: &Fleet, log: &AccessLog, d: &Dispatch, arrival: &Arrival) {
+    record(d, log, arrival);
+    super::outcome::account(fleet, d);
 }
 
 /// Answer with an error the gateway produced before any node was involved.
@@ -152,10 +179,17 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
             }
         }
     }
-    if failed && session.response_written().is_some() {
-        // The node failed after the response began: nothing can be retried, so end the
-        // stream with an error the client's SDK understands.
-        // (The breaker hears of it through `upstream_error`, set by `error_while_proxy`.)
+    if failed || session.response_written().is_none() {
+        return answer_failure(session, d).await;
+    }
+    Ok(())
+}
+
+/// The upstream failed: end a begun stream with an error event the client's SDK understands
+/// (nothing can be retried once the response began), or answer the native error when nothing
+/// was written yet. (The breaker hears of a cut stream through `upstream_error`.)
+pub async fn answer_failure(session: &mut Session, d: &Dispatch) -> Result<()> {
+    if session.response_written().is_some() {
         if d.stream {
             let err = {
                 let mut st = d.state.lock();
@@ -168,35 +202,32 @@ async fn proxy_via_subrequest(session: &mut Session, d: &Arc<Dispatch>) -> Resul
         }
         return Ok(());
     }
-    if session.response_written().is_none() {
-        let (unreachable, err) = {
-            let st = d.state.lock();
-            (
-                st.unreachable,
-                st.error.clone().unwrap_or_else(|| "upstream failed".into()),
-            )
-        };
-        let (code, msg) = if unreachable {
-            (
-                ErrorCode::NoProviderAvailable,
-                format!("no node could be reached: {err}"),
-            )
-        } else {
-            (
-                ErrorCode::UpstreamError,
-                format!("node {} failed: {err}", d.choice().node_id),
-            )
-        };
-        let body = protocol::error_body(d.endpoint.family(), code, &msg);
-        {
-            let mut st = d.state.lock();
-            st.status = Some(code.status());
-            st.code = Some(code);
-            st.body_bytes = body.len();
-        }
-        return respond::json(session, code.status(), body, respond::retry_after(code)).await;
+    let (unreachable, err) = {
+        let st = d.state.lock();
+        (
+            st.unreachable,
+            st.error.clone().unwrap_or_else(|| "upstream failed".into()),
+        )
+    };
+    let (code, msg) = if unreachable {
+        (
+            ErrorCode::NoProviderAvailable,
+            format!("no node could be reached: {err}"),
+        )
+    } else {
+        (
+            ErrorCode::UpstreamError,
+            format!("node {} failed: {err}", d.choice().node_id),
+        )
+    };
+    let body = protocol::error_body(d.endpoint.family(), code, &msg);
+    {
+        let mut st = d.state.lock();
+        st.status = Some(code.status());
+        st.code = Some(code);
+        st.body_bytes = body.len();
     }
-    Ok(())
+    respond::json(session, code.status(), body, respond::retry_after(code)).await
 }
 
 /// Write the response header and body parts still in the pipe after a subrequest failed.

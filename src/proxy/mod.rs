@@ -1,10 +1,12 @@
 //! The Pingora `ProxyHttp` implementation: each hook a short dispatcher into the modules.
 //!
-//! A client request is handled in `request_filter`: body read once (bounded), parsed, routed,
-//! and then re-issued as a Pingora subrequest carrying the already-read body (Pingora 0.9
-//! replays at most 64 KiB of a body read in `request_filter`; the subrequest path has no limit).
-//! The subrequest runs the upstream hooks (`upstream_peer`, failover, response headers) and its
-//! response is piped back to the client unbuffered.
+//! A client request is handled in `request_filter`: body read once (bounded), parsed, routed.
+//! A body of at most 64 KiB (nearly all of them) then goes the direct path: Pingora proxies
+//! this same session and replays the body from its retry buffer on every attempt; `logging`
+//! accounts for it. A larger body is re-issued as a Pingora subrequest carrying the already-read
+//! body (Pingora 0.9 replays at most 64 KiB; the subrequest path has no limit), whose response
+//! is piped back to the client unbuffered. Both run the same upstream hooks (`upstream_peer`,
+//! failover, response headers).
 
 pub mod access_log;
 mod dispatch;
@@ -15,6 +17,7 @@ mod observe;
 mod outcome;
 mod place;
 mod respond;
+mod stale;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,10 +57,13 @@ impl Gateway {
     }
 }
 
-/// Per-request context; only the subrequest (the upstream leg) carries a dispatch.
+/// Per-request context: the upstream leg (the direct session, or the subrequest) carries the
+/// dispatch.
 #[derive(Default)]
 pub struct RequestCtx {
     pub dispatch: Option<Arc<Dispatch>>,
+    /// Set on the direct path: this session is proxied by Pingora and accounted in `logging`.
+    pub direct: Option<Box<access_log::Arrival>>,
 }
 
 /// The dispatch a client request attached to this subrequest, if this is one.
@@ -115,8 +121,30 @@ impl ProxyHttp for Gateway {
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        handle::client_request(&self.fleet, &self.access_log, session).await?;
-        Ok(true)
+        match handle::client_request(&self.fleet, &self.access_log, session).await? {
+            handle::Next::Done => Ok(true),
+            handle::Next::Direct(d, arrival) => {
+                ctx.dispatch = Some(d);
+                ctx.direct = Some(arrival);
+                Ok(false)
+            }
+        }
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // Direct path: Pingora replays the client's bytes; send the rewritten body instead.
+        if let (Some(d), Some(_)) = (&ctx.dispatch, &ctx.direct) {
+            if d.rewritten && body.is_some() {
+                *body = Some(d.body.clone());
+            }
+        }
+        Ok(())
     }
 
     async fn upstream_peer(
@@ -180,6 +208,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(d) = &ctx.dispatch {
+            if ctx.direct.is_some() {
+                prepare_upstream_header(upstream, d.body.len())?;
+            }
             upstream.insert_header(
                 "host",
                 self.fleet.node_config(d.choice().node).host.as_str(),
@@ -238,23 +269,61 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let replayable = !session.as_ref().retry_buffer_truncated();
+        let stale = ctx
+            .dispatch
+            .as_ref()
+            .is_some_and(|d| stale::retry(d, &e, client_reused && replayable));
+        if stale {
+            e.set_retry(true);
+        } else if !session.req_header().method.is_idempotent() || !replayable {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
+
     async fn fail_to_proxy(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        // The client-facing request writes the native error (or ends the stream) itself.
+        let mut error_code = 502;
         if let Some(d) = &ctx.dispatch {
-            let mut st = d.state.lock();
-            st.upstream_error |= *e.esource() == pingora::ErrorSource::Upstream;
-            if st.error.is_none() || st.status.is_some() {
-                st.error = Some(e.to_string());
+            {
+                let mut st = d.state.lock();
+                st.upstream_error |= *e.esource() == pingora::ErrorSource::Upstream;
+                if st.error.is_none() || st.status.is_some() {
+                    st.error = Some(e.to_string());
+                }
+            }
+            // Direct path: answer the native error (or end the stream) here; on the
+            // subrequest path the client-facing request does it.
+            if ctx.direct.is_some() {
+                let _ = handle::answer_failure(session, d).await;
+                error_code = d.state.lock().status.unwrap_or(502);
             }
         }
         FailToProxy {
-            error_code: 502,
+            error_code,
             can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        if let (Some(d), Some(arrival)) = (&ctx.dispatch, ctx.direct.take()) {
+            handle::finish(&self.fleet, &self.access_log, d, &arrival);
         }
     }
 }
