@@ -279,6 +279,7 @@ fn sim_spec(seed: u64) -> SimSpec {
             context: 4_000_000,
             ..SimModel::new(MODEL, 1.0)
         }],
+        ..SimSpec::default()
     }
 }
 

@@ -61,6 +61,7 @@ fn fleet() -> Vec<NodeDef> {
         memory_gb,
         reply_tokens: 512,
         models,
+        ..SimSpec::default()
     };
     vec![
         NodeDef {

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod clients;
 pub mod config;
 pub mod fleet;
 pub mod metrics;

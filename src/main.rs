@@ -42,6 +42,9 @@ enum Command {
     Sim,
     /// Heartbeat this node's host facts to a gateway (run beside the node's backend).
     Agent(fleetgate::agent::AgentArgs),
+    /// Print the bearer token of one node's agent (derived from the config's fleet.agent_token;
+    /// good for that node id only).
+    AgentToken { node_id: String },
     /// Show how a request would be routed on the fleet a config describes (static facts).
     Explain {
         /// JSON request body (OpenAI, Ollama or Anthropic).
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Check { files } => check(&files),
         Command::Sim => sim(&cli.config),
         Command::Agent(args) => agent(&cli.config, &args),
+        Command::AgentToken { node_id } => agent_token(&cli.config, &node_id),
         Command::Explain {
             request,
             path,
@@ -87,6 +91,13 @@ fn run(path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    match fleetgate::clients::raise_nofile_limit() {
+        Ok((before, after)) if after > before => {
+            log::info!("open-files limit raised from {before} to {after}")
+        }
+        Ok((before, _)) => log::info!("open-files limit {before} (already at the hard limit)"),
+        Err(e) => log::warn!("open-files limit: cannot raise: {e}"),
+    }
     let (listen, nodes) = (config.listen, config.nodes.len());
     match fleetgate::server::prepare(config) {
         Ok(p) => {
@@ -100,6 +111,23 @@ fn run(path: &Path) -> ExitCode {
         Err(e) => {
             eprintln!("fleetgate: cannot start: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn agent_token(path: &Path, node_id: &str) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match config.agent_token {
+        Some(secret) => {
+            println!("{}", fleetgate::admin::auth::node_token(&secret, node_id));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("{}: fleet.agent_token is not set", path.display());
+            ExitCode::from(EXIT_CONFIG)
         }
     }
 }

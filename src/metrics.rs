@@ -42,6 +42,10 @@ pub const TOKENS_TOTAL: &str = "fleetgate_proxy_tokens_total";
 pub const TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "fleetgate_proxy_time_per_output_token_seconds";
 pub const CONFIG_RELOADS_TOTAL: &str = "fleetgate_config_reloads_total";
 pub const QUEUE_TIMEOUTS_TOTAL: &str = "fleetgate_queue_timeouts_total";
+/// Client connections open on the proxy listener (defined in `clients`).
+pub const CLIENT_CONNECTIONS: &str = "fleetgate_client_connections";
+/// Clients turned away before routing: connections, body_budget, head_timeout, body_timeout.
+pub const CLIENT_REFUSALS_TOTAL: &str = "fleetgate_client_refusals_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[

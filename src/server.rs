@@ -7,12 +7,14 @@ use std::sync::Arc;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::background::background_service;
-use pingora_proxy::http_proxy_service_with_name;
+use pingora::services::listening::Service;
+use pingora_proxy::http_proxy;
 
 use crate::admin::AdminService;
 use crate::config::{Backend, Config};
 use crate::fleet::Fleet;
 use crate::proxy::access_log::AccessLog;
+use crate::proxy::conn::Guarded;
 use crate::proxy::Gateway;
 use crate::services::clock::FleetClock;
 use crate::services::health::HealthPoller;
@@ -77,11 +79,20 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let mut proxy = http_proxy_service_with_name(
+    crate::clients::register_metrics();
+    let ceiling = crate::clients::connection_ceiling();
+    fleet.clients.set_ceiling(ceiling);
+    if ceiling < config.clients.max_connections {
+        log::warn!(
+            "clients.max_connections {} lowered to {ceiling}: the open-files limit leaves room for no more",
+            config.clients.max_connections
+        );
+    }
+    let app = http_proxy(
         &server.configuration,
         Gateway::new(fleet.clone(), access_log),
-        "fleetgate",
     );
+    let mut proxy = Service::new("fleetgate".into(), Guarded::new(app, fleet.clone()));
     proxy.add_tcp(&config.listen.to_string());
     server.add_service(proxy);
 
@@ -118,6 +129,7 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         source,
     })?;
     let admin_addr = admin.local_addr().map_err(StartError::Runtime)?;
+    fleet.clients.set_listeners(vec![config.listen, admin_addr]);
     server.add_service(background_service(
         "admin",
         AdminService::new(fleet.clone(), admin),

@@ -217,11 +217,14 @@ fn agent_heartbeats_pressure_thermal_token_and_missed_heartbeats() {
         .replace("fleet:\n", &format!("fleet:\n  agent_token: {TOKEN}\n")),
     );
     let url = format!("http://{}", a.addr());
+    // hb-a's own agent token, signed with the shared secret.
+    let own = fleetgate::admin::auth::node_token(TOKEN, "hb-a");
+    let tok = own.as_str();
     rt.block_on(async {
         // Critical memory pressure: eliminated.
         let (st, _) = heartbeat(
             &gw,
-            Some(TOKEN),
+            Some(tok),
             hb("hb-a", &url, json!({"pressure": "critical"})),
         )
         .await;
@@ -240,18 +243,18 @@ fn agent_heartbeats_pressure_thermal_token_and_missed_heartbeats() {
         assert_eq!(n["pressure"], "critical");
         assert_eq!(n["agent"]["heartbeats"], 1);
         // Back to normal: served again.
-        heartbeat(&gw, Some(TOKEN), hb("hb-a", &url, json!({}))).await;
+        heartbeat(&gw, Some(tok), hb("hb-a", &url, json!({}))).await;
         assert_eq!(ask(&gw, Some("hb-a")).await, (200, "hb-a".into()));
         // Thermally throttled: eliminated.
         heartbeat(
             &gw,
-            Some(TOKEN),
+            Some(tok),
             hb("hb-a", &url, json!({"thermal_throttled": true})),
         )
         .await;
         assert_eq!(node_status(&gw, "hb-a").await["thermal_throttled"], true);
         assert_eq!(ask(&gw, Some("hb-a")).await.0, 503);
-        heartbeat(&gw, Some(TOKEN), hb("hb-a", &url, json!({}))).await;
+        heartbeat(&gw, Some(tok), hb("hb-a", &url, json!({}))).await;
         assert_eq!(ask(&gw, Some("hb-a")).await.0, 200);
         // Heartbeats stop: offline after heartbeat_miss (1 s), though the backend answers polls.
         let t = Instant::now();
@@ -265,11 +268,11 @@ fn agent_heartbeats_pressure_thermal_token_and_missed_heartbeats() {
         );
         assert_eq!(ask(&gw, Some("hb-a")).await.0, 503);
         // Reconnect: warmup, then online.
-        heartbeat(&gw, Some(TOKEN), hb("hb-a", &url, json!({}))).await;
+        heartbeat(&gw, Some(tok), hb("hb-a", &url, json!({}))).await;
         assert_eq!(health(&node_status(&gw, "hb-a").await), "warmup");
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
-            heartbeat(&gw, Some(TOKEN), hb("hb-a", &url, json!({}))).await;
+            heartbeat(&gw, Some(tok), hb("hb-a", &url, json!({}))).await;
             if health(&node_status(&gw, "hb-a").await) == "online" {
                 break;
             }

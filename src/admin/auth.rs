@@ -32,6 +32,35 @@ pub fn require(headers: &HeaderMap, accepted: &[Option<&str>]) -> Result<(), Res
     }
 }
 
+/// The bearer token of node `node_id`'s agent: `fga1.` + HMAC-SHA256(`fleet.agent_token`,
+/// node id), hex. It is good for that node only; `fleetgate agent-token ID` prints it.
+pub fn node_token(secret: &str, node_id: &str) -> String {
+    use hmac::{Hmac, Mac};
+    // HMAC takes keys of any length.
+    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()) else {
+        return String::new();
+    };
+    mac.update(b"fleetgate-agent:");
+    mac.update(node_id.as_bytes());
+    let tag = mac.finalize().into_bytes();
+    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    format!("fga1.{hex}")
+}
+
+/// Ok when the request carries the admin token or `node_id`'s own agent token. The shared
+/// `fleet.agent_token` itself is a signing secret, not a credential: a token for one node
+/// cannot speak for another.
+#[allow(clippy::result_large_err)]
+pub fn require_node(
+    headers: &HeaderMap,
+    admin: Option<&str>,
+    agent_secret: Option<&str>,
+    node_id: &str,
+) -> Result<(), Response> {
+    let own = agent_secret.map(|s| node_token(s, node_id));
+    require(headers, &[admin, own.as_deref()])
+}
+
 /// Constant-time comparison (the token is a secret; do not leak its prefix by timing).
 fn same(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -84,6 +113,33 @@ mod tests {
         assert_eq!(
             st(headers(Some("Bearer ag")), &[Some("s3"), Some("ag")]),
             None
+        );
+    }
+
+    #[test]
+    fn node_tokens_speak_for_their_node_only() {
+        let a = node_token("secret", "node-a");
+        assert!(a.starts_with("fga1.") && a.len() == 5 + 64, "{a}");
+        assert_eq!(a, node_token("secret", "node-a"), "stable");
+        assert_ne!(a, node_token("secret", "node-b"));
+        assert_ne!(a, node_token("other", "node-a"));
+        let bearer = |t: &str| headers(Some(&format!("Bearer {t}")));
+        let st = |h: HeaderMap, id: &str| {
+            require_node(&h, Some("adm"), Some("secret"), id)
+                .err()
+                .map(|r| r.status())
+        };
+        assert_eq!(st(bearer(&a), "node-a"), None);
+        assert_eq!(st(bearer(&a), "node-b"), Some(StatusCode::UNAUTHORIZED));
+        assert_eq!(
+            st(bearer("secret"), "node-a"),
+            Some(StatusCode::UNAUTHORIZED),
+            "the shared secret is not a token"
+        );
+        assert_eq!(
+            st(bearer("adm"), "node-b"),
+            None,
+            "the operator speaks for all"
         );
     }
 }

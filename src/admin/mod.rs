@@ -1,6 +1,6 @@
 //! Admin listener: `/metrics`, `/fleet/status`, agent heartbeats, node pause/resume/drain.
 
-mod auth;
+pub mod auth;
 mod control;
 pub mod explain;
 pub mod heartbeat;

@@ -32,6 +32,12 @@ pub struct FileConfig {
     pub agent: Option<AgentFile>,
     #[serde(default)]
     pub access_log: AccessLogFile,
+    #[serde(default)]
+    pub clients: super::ClientsFile,
+    #[serde(default)]
+    pub admission: super::admission::AdmissionFile,
+    #[serde(default)]
+    pub timeouts: super::admission::TimeoutsFile,
 }
 
 /// One JSON line per proxied request, written off the request path.

@@ -1,5 +1,7 @@
 //! Configuration: YAML file -> serde types -> env overrides -> `validate()` -> internal `Config`.
 
+mod admission;
+mod clients;
 mod env;
 mod file;
 mod node;
@@ -9,6 +11,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use admission::{AdmissionFile, TimeoutsFile};
+pub use clients::{Clients, ClientsFile};
 pub use env::apply_env;
 pub use file::*;
 use node::validate_node;
@@ -45,6 +49,9 @@ pub struct Config {
     /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
     pub agent_token: Option<String>,
     pub access_log: AccessLog,
+    pub clients: Clients,
+    pub admission: AdmissionFile,
+    pub timeouts: TimeoutsFile,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +239,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let clients = f.clients.validate(f.limits.max_body_bytes, &mut errors);
+    admission::validate(&mut errors, &f.admission, &f.timeouts);
     let mut seen = HashSet::new();
     let mut nodes = Vec::new();
     for (i, n) in f.fleet.nodes.into_iter().enumerate() {
@@ -304,6 +313,9 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         allow_registration: f.fleet.allow_registration,
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
         access_log,
+        clients,
+        admission: f.admission,
+        timeouts: f.timeouts,
     })
 }
 

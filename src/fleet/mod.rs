@@ -116,6 +116,8 @@ pub struct Fleet {
     pub board: Arc<crate::queue::Board>,
     /// Background actions in progress (pre-warm loads, pulls), one per key.
     pub ops: crate::services::ops::Ops,
+    /// Client connections and buffered request bodies (`clients:`).
+    pub clients: Arc<crate::clients::ClientGuards>,
 }
 
 impl Fleet {
@@ -134,6 +136,7 @@ impl Fleet {
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
             ops: Default::default(),
+            clients: Arc::default(),
         };
         fleet.publish();
         Arc::new(fleet)

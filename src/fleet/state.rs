@@ -89,6 +89,14 @@ impl Fleet {
         self.publish();
     }
 
+    /// Drop what node `idx`'s agent said (operator action): the node is judged by its polls
+    /// alone until the next heartbeat. Returns how many heartbeats were forgotten.
+    pub fn forget_agent(&self, idx: usize) -> u64 {
+        let had = std::mem::take(&mut *self.node(idx).agent.lock()).received;
+        self.publish();
+        had
+    }
+
     /// Pause, resume or drain node `idx` (admin API); effective at once.
     pub fn control(&self, idx: usize, c: Control) {
         let node = self.node(idx);

@@ -13,10 +13,13 @@ fn openai_type(code: ErrorCode) -> &'static str {
         | ErrorCode::ContextLengthExceeded
         | ErrorCode::RequestTooLarge
         | ErrorCode::InvalidRequest
+        | ErrorCode::RequestTimeout
         // OpenAI answers a bad key with 401 + invalid_request_error / invalid_api_key.
         | ErrorCode::Unauthorized => "invalid_request_error",
         ErrorCode::QueueFull => "rate_limit_error",
-        ErrorCode::NoProviderAvailable | ErrorCode::UpstreamError => "server_error",
+        ErrorCode::NoProviderAvailable | ErrorCode::UpstreamError | ErrorCode::Overloaded => {
+            "server_error"
+        }
     }
 }
 
@@ -24,8 +27,10 @@ fn openai_type(code: ErrorCode) -> &'static str {
 fn anthropic_type(code: ErrorCode) -> &'static str {
     match code {
         ErrorCode::ModelNotFound | ErrorCode::NotFound => "not_found_error",
-        ErrorCode::ContextLengthExceeded | ErrorCode::InvalidRequest => "invalid_request_error",
-        ErrorCode::NoProviderAvailable => "overloaded_error",
+        ErrorCode::ContextLengthExceeded
+        | ErrorCode::InvalidRequest
+        | ErrorCode::RequestTimeout => "invalid_request_error",
+        ErrorCode::NoProviderAvailable | ErrorCode::Overloaded => "overloaded_error",
         ErrorCode::QueueFull => "rate_limit_error",
         ErrorCode::RequestTooLarge => "request_too_large",
         ErrorCode::Unauthorized => "authentication_error",
@@ -122,6 +127,8 @@ mod tests {
             "authentication_error",
             "api_error",
             "not_found_error",
+            "invalid_request_error",
+            "overloaded_error",
         ];
         assert_eq!(want.len(), ErrorCode::ALL.len());
         for (code, ty) in ErrorCode::ALL.into_iter().zip(want) {

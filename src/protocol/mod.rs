@@ -13,6 +13,7 @@ mod local;
 mod ollama;
 mod openai;
 mod rewrite;
+pub mod translate;
 
 pub use crate::routing::Family;
 pub use detect::{detect, detect_local};
@@ -23,6 +24,10 @@ pub use local::{
     ModelInfo,
 };
 pub use rewrite::rewrite_model;
+
+/// Why a Responses request that points at stored state is refused (the gateway keeps none).
+pub const STATELESS: &str = "`previous_response_id` and `conversation` are not supported: \
+fleetgate is stateless and keeps no responses; send the whole conversation in `input`";
 
 /// A proxied inference endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +94,10 @@ pub enum ErrorCode {
     UpstreamError,
     /// No such endpoint (method + path): 404, as OpenAI and Ollama answer an unknown URL.
     NotFound,
+    /// The request head or body did not arrive in time (`clients.*_timeout_ms`): 408.
+    RequestTimeout,
+    /// The gateway itself is at a limit (connections, buffered body bytes): 503 + Retry-After.
+    Overloaded,
 }
 
 /// A request body the gateway cannot route; `message` names the offending field.
@@ -214,7 +223,7 @@ pub fn parse(ep: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::ModelNotFound,
         ErrorCode::ContextLengthExceeded,
         ErrorCode::NoProviderAvailable,
@@ -224,6 +233,8 @@ impl ErrorCode {
         ErrorCode::Unauthorized,
         ErrorCode::UpstreamError,
         ErrorCode::NotFound,
+        ErrorCode::RequestTimeout,
+        ErrorCode::Overloaded,
     ];
 
     /// HTTP status for this error.
@@ -238,6 +249,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => 401,
             ErrorCode::UpstreamError => 502,
             ErrorCode::NotFound => 404,
+            ErrorCode::RequestTimeout => 408,
+            ErrorCode::Overloaded => 503,
         }
     }
 
@@ -253,6 +266,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::UpstreamError => "upstream_error",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::Overloaded => "overloaded",
         }
     }
 }
@@ -305,6 +320,8 @@ mod tests {
             ("unauthorized", 401),
             ("upstream_error", 502),
             ("not_found", 404),
+            ("request_timeout", 408),
+            ("overloaded", 503),
         ];
         assert_eq!(want.len(), ErrorCode::ALL.len());
         for (code, (s, status)) in ErrorCode::ALL.into_iter().zip(want) {

@@ -165,6 +165,9 @@ fn responses_item(t: &mut Tally, item: &Value, path: &str) -> Result<(), ParseEr
 /// POST /v1/responses
 pub(super) fn responses(obj: &Obj) -> Result<ParsedRequest, ParseError> {
     let model = fields::model(obj)?;
+    if get(obj, "previous_response_id").is_some() || get(obj, "conversation").is_some() {
+        return Err(ParseError::new(super::STATELESS));
+    }
     let mut t = Tally::default();
     let messages = match get(obj, "input") {
         None => 0,

@@ -14,13 +14,15 @@ use crate::routing::{AffinityKind, Choice};
 #[derive(Debug)]
 pub struct Dispatch {
     pub endpoint: Endpoint,
+    /// What the node is sent: `endpoint`, or its translation when the node does not speak it.
+    pub upstream: Endpoint,
     pub requested_model: String,
     /// What conversation affinity did for this request.
     pub affinity: AffinityKind,
     /// Winner first, then same-model runners-up for failover.
     pub ranked: Vec<Choice>,
     pub body: Bytes,
-    /// `body` differs from what the client sent (the served model was written into it).
+    /// `body` differs from what the client sent (served model written in, or translated).
     pub rewritten: bool,
     pub started: Instant,
     /// Time spent in the holding and node:model queues before dispatch.
@@ -118,6 +120,7 @@ mod tests {
         let first = crate::queue::take_now(0, &nodes[0], &nodes[0].counters("m")).unwrap();
         Dispatch {
             endpoint: Endpoint::OpenAIChat,
+            upstream: Endpoint::OpenAIChat,
             requested_model: "m".into(),
             affinity: AffinityKind::None,
             ranked: (0..nodes.len()).map(choice).collect(),

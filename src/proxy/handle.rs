@@ -13,7 +13,7 @@ use pingora_proxy::Session;
 use super::access_log::{AccessLog, Arrival};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{intake, local, place, respond};
+use super::{intake, local, place, respond, xlate};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -34,6 +34,7 @@ pub async fn client_request(
     session: &mut Session,
 ) -> Result<Next> {
     let done = |r: Result<()>| r.map(|()| Next::Done);
+    let arrived = Instant::now();
     let mut arrival = Arrival::new(session.req_header());
     let (method, path) = {
         let h = session.req_header();
@@ -52,7 +53,7 @@ pub async fn client_request(
     arrival.protocol = ep.label();
     // Pingora keeps up to 64 KiB of what is read here and replays it upstream (the direct path).
     session.enable_retry_buffering();
-    let body = match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
+    let body = match intake::read_body(session, fleet).await? {
         Ok(b) => b,
         Err((code, msg)) => return done(fail(session, log, &arrival, family, code, &msg).await),
     };
@@ -65,15 +66,23 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let placement = match place::place(fleet, session, ep, &parsed, &req).await? {
+    let mut placement = match place::place(fleet, session, ep, &parsed, &req, arrived).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
             return done(fail(session, log, &arrival, family, code, &msg).await)
         }
+        Err(Unplaced::Refused(r)) => {
+            let code = ErrorCode::QueueFull;
+            let body = protocol::error_body(family, code, &r.message);
+            record_local(arrival.protocol, code);
+            log.write(&arrival.local(code, body.len()));
+            let answer = respond::json(session, code.status(), body, Some(r.retry_after_s));
+            return done(answer.await);
+        }
         Err(gone) => return done(place::answer(session, ep, gone).await),
     };
     let model = &placement.ranked[0].model;
-    let (body, rewritten) = if *model != parsed.model {
+    let (body, renamed) = if *model != parsed.model {
         match protocol::rewrite_model(&body, model) {
             Some(b) => (b, true),
             None => (body, false),
@@ -81,13 +90,22 @@ pub async fn client_request(
     } else {
         (body, false)
     };
+    let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
+    let body = match xlate::request(ep, upstream, body) {
+        Ok(b) => b,
+        Err(msg) => {
+            let code = ErrorCode::InvalidRequest;
+            return done(fail(session, log, &arrival, family, code, &msg).await);
+        }
+    };
     let dispatch = Arc::new(Dispatch {
         endpoint: ep,
+        upstream,
         requested_model: parsed.model.clone(),
         affinity: placement.affinity,
         ranked: placement.ranked,
         body,
-        rewritten,
+        rewritten: renamed || upstream != ep,
         started: Instant::now(),
         queue_wait: placement.queue_wait,
         stream: parsed.stream,

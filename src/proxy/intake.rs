@@ -1,11 +1,12 @@
 //! Request intake: read the body (bounded), and turn body + `X-Fleet-*` headers into a
 //! `RouteRequest`.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::Result;
 use pingora_proxy::Session;
 
+use crate::clients::{count_refusal, BodyBuf, Refusal, Refused};
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::protocol::{self, Endpoint, ErrorCode, ParsedRequest};
@@ -16,33 +17,72 @@ pub const CONVERSATION_HEADER: &str = "x-fleet-conversation";
 pub const TAGS_HEADER: &str = "x-fleet-tags";
 pub const NO_FALLBACK_HEADER: &str = "x-fleet-no-fallback";
 
-/// Read the whole request body, refusing more than `max` bytes (413).
+/// Read the whole request body: at most `limits.max_body_bytes` (413), within
+/// `clients.body_timeout_ms` (408), its buffer growing with what arrives and counted against
+/// `clients.max_buffered_body_bytes` until the last copy of the body is dropped (503).
 /// The outer `Result` is an I/O failure talking to the client.
 pub async fn read_body(
     session: &mut Session,
-    max: usize,
+    fleet: &Fleet,
 ) -> Result<Result<Bytes, (ErrorCode, String)>> {
-    let too_large = || {
-        Err((
-            ErrorCode::RequestTooLarge,
-            format!("request body exceeds the gateway limit of {max} bytes"),
-        ))
-    };
+    let config = fleet.config();
+    let max = config.limits.max_body_bytes;
+    let clients = &config.clients;
     let declared =
         header_str(session.req_header(), "content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > max) {
         session.set_keepalive(None);
-        return Ok(too_large());
+        return Ok(Err(too_large(max)));
     }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(4096).min(max));
-    while let Some(chunk) = session.read_request_body().await? {
-        if buf.len() + chunk.len() > max {
-            session.set_keepalive(None);
-            return Ok(too_large());
+    let mut buf = BodyBuf::new(fleet.clients.budget.clone());
+    let read = async {
+        while let Some(chunk) = session.read_request_body().await? {
+            match buf.push(&chunk, max, clients.max_buffered_body_bytes) {
+                Ok(()) => {}
+                Err(Refused::TooLarge) => return Ok(Err(too_large(max))),
+                Err(Refused::Budget) => {
+                    count_refusal(Refusal::BodyBudget);
+                    return Ok(Err((
+                        ErrorCode::Overloaded,
+                        format!(
+                            "the gateway is holding its limit of request body bytes \
+                             (clients.max_buffered_body_bytes = {}); retry shortly",
+                            clients.max_buffered_body_bytes
+                        ),
+                    )));
+                }
+            }
         }
-        buf.extend_from_slice(&chunk);
+        Result::<Result<(), (ErrorCode, String)>>::Ok(Ok(()))
+    };
+    let outcome = match tokio::time::timeout(clients.body_timeout, read).await {
+        Ok(r) => r?,
+        Err(_) => {
+            count_refusal(Refusal::BodyTimeout);
+            Err((
+                ErrorCode::RequestTimeout,
+                format!(
+                    "request body not complete within {} ms (clients.body_timeout_ms)",
+                    clients.body_timeout.as_millis()
+                ),
+            ))
+        }
+    };
+    match outcome {
+        Ok(()) => Ok(Ok(buf.freeze())),
+        Err(e) => {
+            // The rest of the body is not read: the connection cannot carry another request.
+            session.set_keepalive(None);
+            Ok(Err(e))
+        }
     }
-    Ok(Ok(buf.freeze()))
+}
+
+fn too_large(max: usize) -> (ErrorCode, String) {
+    (
+        ErrorCode::RequestTooLarge,
+        format!("request body exceeds the gateway limit of {max} bytes"),
+    )
 }
 
 pub fn header_str<'a>(h: &'a RequestHeader, name: &str) -> Option<&'a str> {
@@ -124,6 +164,7 @@ pub fn route_request(
     RouteRequest {
         models,
         family: Some(ep.family()),
+        translatable: protocol::translate::translatable(ep).to_vec(),
         prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),
         max_output_tokens: parsed.max_tokens,
         required_tags,

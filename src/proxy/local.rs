@@ -60,13 +60,12 @@ pub async fn answer(session: &mut Session, fleet: &Fleet, local: Local) -> Resul
         Local::OllamaVersion => protocol::ollama_version(env!("CARGO_PKG_VERSION")),
         Local::Root => Bytes::from_static(b"Ollama is running"),
         Local::OllamaShow => {
-            let body =
-                match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
-                    Ok(b) => b,
-                    Err((code, msg)) => {
-                        return respond::error(session, Family::Ollama, code, &msg).await
-                    }
-                };
+            let body = match intake::read_body(session, fleet).await? {
+                Ok(b) => b,
+                Err((code, msg)) => {
+                    return respond::error(session, Family::Ollama, code, &msg).await
+                }
+            };
             match protocol::ollama_show(&body, &models) {
                 Ok(b) => b,
                 Err((code, msg)) => {
@@ -75,13 +74,12 @@ pub async fn answer(session: &mut Session, fleet: &Fleet, local: Local) -> Resul
             }
         }
         Local::AnthropicCountTokens => {
-            let body =
-                match intake::read_body(session, fleet.config().limits.max_body_bytes).await? {
-                    Ok(b) => b,
-                    Err((code, msg)) => {
-                        return respond::error(session, Family::Anthropic, code, &msg).await
-                    }
-                };
+            let body = match intake::read_body(session, fleet).await? {
+                Ok(b) => b,
+                Err((code, msg)) => {
+                    return respond::error(session, Family::Anthropic, code, &msg).await
+                }
+            };
             match protocol::parse(Endpoint::AnthropicMessages, &body) {
                 Ok(p) => protocol::count_tokens_body(
                     p.estimated_prompt_tokens(fleet.config().routing.chars_per_token),

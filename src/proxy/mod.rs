@@ -9,6 +9,8 @@
 //! failover, response headers).
 
 pub mod access_log;
+mod admit;
+pub mod conn;
 mod dispatch;
 mod handle;
 pub mod intake;
@@ -18,6 +20,7 @@ mod outcome;
 mod place;
 mod respond;
 mod stale;
+mod xlate;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,6 +67,8 @@ pub struct RequestCtx {
     pub dispatch: Option<Arc<Dispatch>>,
     /// Set on the direct path: this session is proxied by Pingora and accounted in `logging`.
     pub direct: Option<Box<access_log::Arrival>>,
+    /// Set when the node answers in another protocol than the client's.
+    pub translator: Option<crate::protocol::translate::ResponseTranslator>,
 }
 
 /// The dispatch a client request attached to this subrequest, if this is one.
@@ -118,10 +123,14 @@ impl ProxyHttp for Gateway {
                 );
             };
             prepare_upstream_header(session.req_header_mut(), d.body.len())?;
+            xlate::upstream_header(session.req_header_mut(), &d)?;
             ctx.dispatch = Some(d);
             return Ok(false);
         }
-        match handle::client_request(&self.fleet, &self.access_log, session).await? {
+        conn::head_done(session);
+        let result = handle::client_request(&self.fleet, &self.access_log, session).await;
+        conn::request_done(session);
+        match result? {
             handle::Next::Done => Ok(true),
             handle::Next::Direct(d, arrival) => {
                 ctx.dispatch = Some(d);
@@ -210,6 +219,7 @@ impl ProxyHttp for Gateway {
         if let Some(d) = &ctx.dispatch {
             if ctx.direct.is_some() {
                 prepare_upstream_header(upstream, d.body.len())?;
+                xlate::upstream_header(upstream, d)?;
             }
             upstream.insert_header(
                 "host",
@@ -248,6 +258,7 @@ impl ProxyHttp for Gateway {
         if let Some(kind) = affinity_label(d.affinity) {
             resp.insert_header(AFFINITY_HEADER, kind)?;
         }
+        ctx.translator = xlate::response_header(resp, d, crate::services::now_ms() / 1000)?;
         Ok(())
     }
 
@@ -255,7 +266,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
         if let (Some(d), Some(b)) = (&ctx.dispatch, body.as_ref()) {
@@ -265,6 +276,9 @@ impl ProxyHttp for Gateway {
             }
             st.body_bytes += b.len();
             st.observer.feed(b);
+        }
+        if let Some(x) = ctx.translator.as_mut() {
+            xlate::body(x, body, end_of_stream);
         }
         Ok(None)
     }

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use pingora::Result;
 use pingora_proxy::Session;
 
+use super::admit::{self, Pick};
 use super::respond;
 use crate::fleet::{Fleet, Lease};
 use crate::metrics::METRICS;
 use crate::protocol::{Endpoint, ErrorCode, ParsedRequest};
-use crate::queue::{Acquire, Waiting, WaitingGuard};
+use crate::queue::admission::Refusal;
+use crate::queue::{Waiting, WaitingGuard};
 use crate::routing::{self, AffinityKind, Choice, Decision, NoRoute, RouteRequest};
 use crate::services::now_ms;
 
@@ -29,6 +31,8 @@ pub struct Placement {
 pub enum Unplaced {
     /// An error answer: the code and message to send.
     Error(ErrorCode, String),
+    /// Admission turned it away: 429 with the `Retry-After` the queue's drain rate gives.
+    Refused(Refusal),
     /// The client went away while waiting.
     Gone,
 }
@@ -115,11 +119,16 @@ pub async fn place(
     ep: Endpoint,
     parsed: &ParsedRequest,
     req: &RouteRequest,
+    arrived: Instant,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
     let q = &fleet.config().queue;
     let started = Instant::now();
-    let hold_deadline = started + Duration::from_secs(q.holding_timeout_s);
+    let hold_deadline = arrived + Duration::from_secs(q.holding_timeout_s);
     let mut board: Option<WaitingGuard> = None;
+    let client = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
     let enter = |node: Option<String>| {
         fleet.board.enter(Waiting {
             id: crate::queue::next_id(),
@@ -127,29 +136,43 @@ pub async fn place(
             model: req.models[0].clone(),
             node,
             since: started,
+            client,
             waited_ms: 0,
         })
     };
+    if let Some(missing) = routing::unservable_tags(req, &fleet.view()) {
+        return Ok(Err(Unplaced::Error(
+            ErrorCode::InvalidRequest,
+            format!(
+                "no node in the fleet has the tags [{}] (X-Fleet-Tags: {})",
+                missing.join(", "),
+                req.required_tags.join(", ")
+            ),
+        )));
+    }
     let mut refusals = 0;
     loop {
         let changed = fleet.changed.notified();
         let decision = decide(fleet, req);
         let winner = decision.winner().cloned();
         // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
-        if let Some(w) = winner.clone().filter(|_| refusals < 3) {
+        if winner.is_some() && refusals < 3 {
             crate::metrics::record_decision(&decision, req.pin.is_some());
-            let lease = match fleet.acquire(w.node, &w.model) {
-                Acquire::Ready(lease) => lease,
+            let (w, lease) = match admit::pick(fleet, &decision, board.is_some()) {
+                Pick::Ready(w, lease) => (w, lease),
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
-                Acquire::Refused => {
+                Pick::BreakerRefused => {
                     refusals += 1;
                     continue;
                 }
-                Acquire::Wait(mut ticket) => {
+                Pick::Refused(r) => return Ok(Err(Unplaced::Refused(r))),
+                Pick::Wait(w, mut ticket) => {
                     let guard = board.take().unwrap_or_else(|| enter(None));
                     guard.set_node(Some(w.node_id.clone()));
-                    let max_wait = tokio::time::sleep(Duration::from_secs(q.max_wait_s));
-                    tokio::select! {
+                    let left = (arrived + Duration::from_secs(q.max_wait_s))
+                        .saturating_duration_since(Instant::now());
+                    let max_wait = tokio::time::sleep(left);
+                    let lease = tokio::select! {
                         lease = ticket.granted() => match lease {
                             Some(lease) => lease,
                             None => return Ok(Err(Unplaced::Error(ErrorCode::NoProviderAvailable, "seat lost".into()))),
@@ -165,7 +188,8 @@ pub async fn place(
                                 format!("no seat on node '{}' for model '{}' within {} s", w.node_id, w.model, q.max_wait_s),
                             )));
                         }
-                    }
+                    };
+                    (w, lease)
                 }
             };
             if board.is_some() {
@@ -215,6 +239,10 @@ pub async fn place(
                     ),
                 )));
             }
+            if let Some(r) = admit::holding_refusal(fleet, client) {
+                METRICS.holding.with_label_values(&["full"]).inc();
+                return Ok(Err(Unplaced::Refused(r)));
+            }
             board = Some(enter(None));
         }
         let now = Instant::now();
@@ -251,6 +279,12 @@ pub async fn answer(session: &mut Session, ep: Endpoint, unplaced: Unplaced) -> 
         Unplaced::Error(code, msg) => {
             super::handle::record_local(ep.label(), code);
             respond::error(session, ep.family(), code, &msg).await
+        }
+        Unplaced::Refused(r) => {
+            let code = ErrorCode::QueueFull;
+            super::handle::record_local(ep.label(), code);
+            let body = crate::protocol::error_body(ep.family(), code, &r.message);
+            respond::json(session, code.status(), body, Some(r.retry_after_s)).await
         }
     }
 }

@@ -49,7 +49,11 @@ pub async fn error(
 
 /// `Retry-After` seconds for the codes that call for it.
 pub fn retry_after(code: ErrorCode) -> Option<u32> {
-    matches!(code, ErrorCode::NoProviderAvailable | ErrorCode::QueueFull).then_some(RETRY_AFTER_S)
+    matches!(
+        code,
+        ErrorCode::NoProviderAvailable | ErrorCode::QueueFull | ErrorCode::Overloaded
+    )
+    .then_some(RETRY_AFTER_S)
 }
 
 /// The protocol family a path belongs to, for errors on requests that did not parse.

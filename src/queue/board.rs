@@ -17,6 +17,9 @@ pub struct Waiting {
     pub node: Option<String>,
     #[serde(skip)]
     pub since: Instant,
+    /// The client's address (its share of the holding queue is bounded); never shown.
+    #[serde(skip)]
+    pub client: Option<std::net::IpAddr>,
     pub waited_ms: u64,
 }
 
@@ -44,6 +47,24 @@ impl Board {
             .values()
             .filter(|w| w.node.is_none())
             .count()
+    }
+
+    /// Requests of `client` in the holding queue.
+    pub fn holding_for(&self, client: Option<std::net::IpAddr>) -> usize {
+        self.entries
+            .lock()
+            .values()
+            .filter(|w| w.node.is_none() && w.client == client)
+            .count()
+    }
+
+    /// Every waiting request (holding queue and node:model queues).
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.lock().is_empty()
     }
 
     pub fn snapshot(&self) -> Vec<Waiting> {

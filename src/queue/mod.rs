@@ -3,6 +3,7 @@
 //! order, where rebalance can still move it. Seats are `Lease`s: dropping one frees the seat
 //! and hands it to the next waiter of that node.
 
+pub mod admission;
 mod board;
 pub mod seats;
 

@@ -21,6 +21,8 @@ struct Cand {
     idle_provisional: bool,
     /// Fallback-chain order of the model: models loaded on a survivor first, then list order.
     rank: usize,
+    /// Speaks the client's protocol (no translation): wins a tie on score.
+    native: bool,
 }
 
 /// Decide where `req` goes in `fleet` given the live `loads`, at time `now_ms`.
@@ -109,6 +111,7 @@ pub fn decide(
                         loaded: m.loaded,
                         idle_provisional: provisional && node_in_flight == 0,
                         rank: 0,
+                        native: eliminate::speaks(req, node),
                     });
                     Verdict::Scored { signals, total }
                 }
@@ -229,7 +232,8 @@ fn add_session_affinity(
     }
 }
 
-/// Order survivors by fallback-chain model order, then score (desc), then node index, keeping
+/// Order survivors by fallback-chain model order, then score (desc), then native protocol
+/// before translated, then node index, keeping
 /// the best `max_ranked` (0: all). The order is total, so the result is deterministic.
 fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize) {
     let mut model_loaded = [false; 64];
@@ -256,6 +260,7 @@ fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize) {
         a.rank
             .cmp(&b.rank)
             .then(b.total.total_cmp(&a.total))
+            .then(b.native.cmp(&a.native))
             .then(a.node.cmp(&b.node))
     };
     if max_ranked > 0 && cands.len() > max_ranked {

@@ -276,3 +276,49 @@ fn ranked_is_capped_by_policy() {
         assert_eq!((a.node, a.score), (b.node, b.score));
     }
 }
+
+#[test]
+fn translated_node_is_a_candidate_and_a_native_one_wins_the_tie() {
+    let openai_only = |id: &str| NodeView {
+        families: vec![Family::OpenAI],
+        ..node(id, vec![loaded("m", 8.0)])
+    };
+    // Node "a" (index 0) would win a plain tie on index; it needs translation, "b" does not.
+    let f = fleet(vec![openai_only("a"), node("b", vec![loaded("m", 8.0)])]);
+    let ollama = RouteRequest {
+        family: Some(Family::Ollama),
+        translatable: vec![Family::OpenAI],
+        ..req(&["m"])
+    };
+    let d = decide(&ollama, &f, &Policy::default(), &TableLoads::default(), 0);
+    assert_eq!(d.ranked[0].score, d.ranked[1].score, "same score");
+    let order: Vec<&str> = d.ranked.iter().map(|c| c.node_id.as_str()).collect();
+    assert_eq!(
+        order,
+        ["b", "a"],
+        "native first, the translated node is the runner-up"
+    );
+    // Alone, the translated node serves.
+    let f = fleet(vec![openai_only("a")]);
+    let d = decide(&ollama, &f, &Policy::default(), &TableLoads::default(), 0);
+    assert_eq!(d.winner().map(|w| w.node_id.as_str()), Some("a"));
+    // Without a translation path, Stage 1 says `protocol`.
+    let anthropic = RouteRequest {
+        family: Some(Family::Anthropic),
+        translatable: vec![],
+        ..req(&["m"])
+    };
+    let d = decide(
+        &anthropic,
+        &f,
+        &Policy::default(),
+        &TableLoads::default(),
+        0,
+    );
+    assert_eq!(reason(&d, 0), Some(Reason::Protocol));
+    // A busier native node still loses to an idle translated one: the tie-break is only a tie-break.
+    let f = fleet(vec![openai_only("a"), node("b", vec![loaded("m", 8.0)])]);
+    let loads = TableLoads::default().with(1, "m", queue(1, 2));
+    let d = decide(&ollama, &f, &Policy::default(), &loads, 0);
+    assert_eq!(d.winner().map(|w| w.node_id.as_str()), Some("a"));
+}

@@ -48,7 +48,7 @@ pub(super) fn node_reason(
             return Some(Reason::Learning);
         }
     }
-    if req.family.is_some_and(|f| !node.families.contains(&f)) {
+    if !speaks(req, node) && !req.translatable.iter().any(|f| node.families.contains(f)) {
         return Some(Reason::Protocol);
     }
     if !req.required_tags.iter().all(|t| node.tags.contains(t)) {
@@ -59,6 +59,11 @@ pub(super) fn node_reason(
         return Some(Reason::HardCap);
     }
     None
+}
+
+/// The node speaks the request's protocol natively (no translation needed).
+pub(super) fn speaks(req: &RouteRequest, node: &NodeView) -> bool {
+    req.family.is_none_or(|f| node.families.contains(&f))
 }
 
 /// `value < min`, and a NaN is below everything (bad telemetry never passes a threshold).

@@ -8,11 +8,13 @@
 //! | `signals.rs` | Stage 2: the 8 signals of spec 000, tier weight, load tie-breaker |
 //! | `affinity.rs` | conversation key (HMAC) and rendezvous hashing |
 //! | `decide.rs` | the pass over (node, model) pairs, provisional cap, fallback chain |
+//! | `servable.rs` | what no node could ever serve (refused at once) |
 
 mod affinity;
 mod decide;
 mod eliminate;
 mod policy;
+mod servable;
 mod signals;
 mod types;
 
@@ -28,4 +30,5 @@ mod tests;
 pub use self::affinity::{conversation_key, rendezvous_weight};
 pub use self::decide::decide;
 pub use self::policy::{Policy, PolicyError};
+pub use self::servable::unservable_tags;
 pub use self::types::*;

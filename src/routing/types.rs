@@ -18,6 +18,9 @@ pub struct RouteRequest {
     /// Primary model first, then fallbacks in order (empty fallbacks when `X-Fleet-No-Fallback`).
     pub models: Vec<String>,
     pub family: Option<Family>,
+    /// Families the gateway can translate this request into when a node lacks `family`
+    /// (such a node stays a candidate; at equal score a native node ranks first).
+    pub translatable: Vec<Family>,
     /// Estimated prompt tokens (chars/4 + per-message overhead + per-image cost, calibrated).
     pub prompt_tokens: u32,
     /// `max_tokens` from the body when given; otherwise the node's `output_reserve` applies.

@@ -4,6 +4,7 @@ use super::control::{Fault, SimControl};
 use super::engine::{plan, Ask, Finish, Reject, Summary};
 use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, SSE};
 use super::models::KeepAlive;
+use super::prefix::message_chain;
 use super::stream::Framer;
 use super::text::est_tokens;
 use axum::extract::State;
@@ -149,6 +150,7 @@ pub(crate) async fn messages(State(ctl): State<Arc<SimControl>>, body: Bytes) ->
         hash: content_hash(&req.model, &parts),
         embed: false,
         keep_alive: KeepAlive::Default,
+        chain: message_chain(&req.model, Some(&system), &texts),
     };
     let p = match plan(&ctl, &ask) {
         Ok(p) => p,
@@ -166,7 +168,11 @@ pub(crate) async fn messages(State(ctl): State<Arc<SimControl>>, body: Bytes) ->
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}],
             "stop_reason": stop_reason(s.finish), "stop_sequence": null,
-            "usage": {"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens},
+            "usage": {
+                "input_tokens": s.prompt_tokens - s.cached_tokens,
+                "cache_read_input_tokens": s.cached_tokens,
+                "output_tokens": s.completion_tokens,
+            },
         })
     };
     execute(

@@ -2,12 +2,14 @@
 
 use super::models::Registry;
 use super::net::{killed, ListenSlot};
+use super::prefix::PrefixCache;
 use super::spec::SimSpec;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 
 /// A failure mode the node can be put in.
@@ -43,6 +45,15 @@ pub struct SimStats {
     pub last_model: String,
     /// Extension: requests waiting in the node's own backlog for a seat.
     pub queued: u32,
+    /// Requests whose prompt began with a prefix found in the prefix cache.
+    pub prefix_hits: u64,
+    /// Prompt tokens taken from the prefix cache instead of being prefilled.
+    pub prefix_tokens_reused: u64,
+    /// Prompt tokens prefilled (not found in the cache).
+    pub prompt_tokens_prefilled: u64,
+    /// Seconds of seat time used (sum over requests of load + prefill + decode); divided by
+    /// seats x wall time it gives the node's utilisation.
+    pub seat_seconds: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -69,7 +80,11 @@ pub struct SimControl {
     pub(crate) models: Mutex<Registry>,
     pub(crate) seats: Arc<Semaphore>,
     pub(crate) slot: Arc<ListenSlot>,
+    pub(crate) prefix: Mutex<PrefixCache>,
     stats: Mutex<SimStats>,
+    /// Run-time slowdown factor (f64 bits): 1 normal, 2 everything computes at half speed.
+    slowdown: AtomicU64,
+    decoding: AtomicU32,
     fault: Mutex<Fault>,
     gates: watch::Sender<Gates>,
     parked: watch::Sender<usize>,
@@ -81,12 +96,16 @@ impl SimControl {
     pub(crate) fn new(spec: SimSpec, slot: Arc<ListenSlot>) -> Self {
         let models = Registry::new(&spec);
         let seats = Arc::new(Semaphore::new(spec.seats as usize));
+        let prefix = Mutex::new(PrefixCache::new(spec.prefix_cache_entries));
         SimControl {
             spec,
             models: Mutex::new(models),
             seats,
             slot,
+            prefix,
             stats: Mutex::new(SimStats::default()),
+            slowdown: AtomicU64::new(1.0f64.to_bits()),
+            decoding: AtomicU32::new(0),
             fault: Mutex::new(Fault::None),
             gates: watch::channel(Gates::default()).0,
             parked: watch::channel(0).0,
@@ -107,6 +126,48 @@ impl SimControl {
                 log::warn!("sim: cannot re-bind {}: {e}", self.slot.addr());
             }
         }
+    }
+
+    /// Slow the node's compute (time to first token, prefill, decode; not cold loads) by
+    /// `factor` from now on, e.g. 3.0 for a node that runs at a third of its speed (thermal
+    /// throttling, another user); 1.0 restores it. Requests already decoding slow down too.
+    /// A factor that is not a positive number is ignored (logged).
+    pub fn set_slowdown(&self, factor: f64) {
+        if !(factor.is_finite() && factor > 0.0) {
+            log::warn!("sim: set_slowdown({factor}) ignored: not a positive number");
+            return;
+        }
+        self.slowdown.store(factor.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The current slowdown factor (1.0 unless [`Self::set_slowdown`] changed it).
+    pub fn slowdown(&self) -> f64 {
+        f64::from_bits(self.slowdown.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn decoding(&self) -> u32 {
+        self.decoding.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn decoding_delta(&self, up: bool) {
+        if up {
+            self.decoding.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .decoding
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    pub(crate) fn record_prefill(&self, cached: u32, prefilled: u32) {
+        let mut s = self.stats.lock();
+        s.prefix_hits += u64::from(cached > 0);
+        s.prefix_tokens_reused += u64::from(cached);
+        s.prompt_tokens_prefilled += u64::from(prefilled);
+    }
+
+    pub(crate) fn seat_time(&self, d: Duration) {
+        self.stats.lock().seat_seconds += d.as_secs_f64();
     }
 
     pub(crate) fn fault(&self) -> Fault {
@@ -161,6 +222,7 @@ impl SimControl {
         let canonical = reg.entries[i].spec.name.clone();
         drop(reg);
         if fresh {
+            self.prefix.lock().forget_model(i);
             self.stats.lock().loads.push(canonical);
         }
     }

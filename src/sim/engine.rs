@@ -1,7 +1,9 @@
-//! Request physics: validation against the model, FIFO seats, shared cold loads, token pacing.
+//! Request physics: validation against the model, FIFO seats, shared cold loads, prefill with
+//! the prefix cache, token pacing under decode contention and the run-time slowdown.
 
 use super::control::{Gate, Killed, SimControl};
 use super::models::KeepAlive;
+use super::prefix::Chain;
 use super::text::{tokens, SplitMix};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,8 @@ pub(crate) struct Ask {
     pub hash: u64,
     pub embed: bool,
     pub keep_alive: KeepAlive,
+    /// The prompt as cumulative prefix steps (empty: not cacheable).
+    pub chain: Chain,
 }
 
 /// Why a request is refused before it runs.
@@ -48,12 +52,15 @@ pub(crate) struct Plan {
     pub finish: Finish,
     pub seed: u64,
     pub keep_alive: KeepAlive,
+    pub chain: Chain,
 }
 
 /// Counts and durations of a finished request.
 #[derive(Debug, Clone)]
 pub(crate) struct Summary {
     pub prompt_tokens: u32,
+    /// Prompt tokens found in the prefix cache (not prefilled).
+    pub cached_tokens: u32,
     pub completion_tokens: u32,
     pub finish: Finish,
     pub total: Duration,
@@ -103,6 +110,7 @@ pub(crate) fn plan(ctl: &SimControl, ask: &Ask) -> Result<Plan, Reject> {
         finish,
         seed: SplitMix::new(ctl.spec.seed ^ ask.hash).next_u64(),
         keep_alive: ask.keep_alive,
+        chain: ask.chain.clone(),
     })
 }
 
@@ -147,6 +155,7 @@ async fn cold_load(ctl: Arc<SimControl>, idx: usize, ms: u64, tx: watch::Sender<
         fresh.then(|| reg.entries[idx].spec.name.clone())
     };
     if let Some(name) = loaded {
+        ctl.prefix.lock().forget_model(idx);
         ctl.record_load(&name);
     }
     let _ = tx.send(true);
@@ -170,6 +179,7 @@ impl Drop for Queued {
 struct Seat {
     _permit: OwnedSemaphorePermit,
     ctl: Arc<SimControl>,
+    since: Instant,
 }
 
 impl Seat {
@@ -178,6 +188,7 @@ impl Seat {
         Seat {
             _permit: permit,
             ctl,
+            since: Instant::now(),
         }
     }
 }
@@ -185,6 +196,23 @@ impl Seat {
 impl Drop for Seat {
     fn drop(&mut self) {
         self.ctl.in_flight_delta(false);
+        self.ctl.seat_time(self.since.elapsed());
+    }
+}
+
+/// Counts a request among those decoding (for contention) while it lives.
+struct Decoding(Arc<SimControl>);
+
+impl Decoding {
+    fn new(ctl: &Arc<SimControl>) -> Self {
+        ctl.decoding_delta(true);
+        Decoding(ctl.clone())
+    }
+}
+
+impl Drop for Decoding {
+    fn drop(&mut self) {
+        self.0.decoding_delta(false);
     }
 }
 
@@ -195,17 +223,32 @@ pub(crate) struct Generation {
     tokens: Vec<String>,
     next: usize,
     seat: Option<Seat>,
+    decoding: Option<Decoding>,
     started: Instant,
     load: Duration,
     prompt_eval: Duration,
+    cached_tokens: u32,
     first_at: Instant,
-    per_token: Duration,
+    /// When the last token was due; the next is due one (current) token time later.
+    due: Instant,
 }
 
-/// Wait for a seat (FIFO), load the model, wait ttft and the first-token gate.
+/// Time to first token once loaded: `ttft_ms` plus the uncached prompt at the prefill rate,
+/// both stretched by the run-time slowdown.
+fn prefill_time(ctl: &SimControl, uncached: u32) -> Duration {
+    let slow = ctl.slowdown();
+    let mut secs = ctl.spec.ttft_ms as f64 / 1000.0;
+    if let Some(rate) = ctl.spec.prefill_tokens_per_sec {
+        secs += f64::from(uncached) / rate;
+    }
+    Duration::from_secs_f64(secs * slow)
+}
+
+/// Wait for a seat (FIFO), load the model, prefill what the prefix cache does not hold, wait
+/// the first-token gate.
 pub(crate) async fn admit(
     ctl: Arc<SimControl>,
-    plan: Plan,
+    mut plan: Plan,
     started: Instant,
 ) -> Result<Generation, Killed> {
     let c = ctl.clone();
@@ -216,11 +259,22 @@ pub(crate) async fn admit(
         let seat = Seat::new(c.clone(), permit);
         let load = ensure_loaded(&c, plan.idx).await;
         let t = Instant::now();
-        sleep(Duration::from_millis(c.spec.ttft_ms)).await;
+        let chain = std::mem::take(&mut plan.chain);
+        let cached = if chain.is_empty() {
+            0
+        } else {
+            c.prefix.lock().lookup(plan.idx, &chain)
+        }
+        .min(plan.prompt_tokens);
+        let uncached = plan.prompt_tokens - cached;
+        sleep(prefill_time(&c, uncached)).await;
+        c.prefix.lock().insert(plan.idx, chain);
+        c.record_prefill(cached, uncached);
         c.park(Gate::FirstToken).await?;
-        let per_token = Duration::from_secs_f64(1.0 / c.spec.tokens_per_sec);
+        let now = Instant::now();
         Ok(Generation {
             tokens: tokens(plan.seed, plan.out_tokens),
+            decoding: Some(Decoding::new(&c)),
             ctl: c,
             plan,
             next: 0,
@@ -228,8 +282,9 @@ pub(crate) async fn admit(
             started,
             load,
             prompt_eval: t.elapsed(),
-            first_at: Instant::now(),
-            per_token,
+            cached_tokens: cached,
+            first_at: now,
+            due: now,
         })
     };
     ctl.until_killed(work).await?
@@ -240,13 +295,24 @@ impl Generation {
         &self.ctl
     }
 
-    /// The next token, paced at tokens_per_sec after the first (which is immediate).
+    /// Time of one token now: `tokens_per_sec`, slowed by the requests decoding alongside
+    /// (`decode_contention`) and by the run-time slowdown.
+    fn per_token(&self) -> Duration {
+        let others = f64::from(self.ctl.decoding().saturating_sub(1));
+        let rate = self.ctl.spec.tokens_per_sec
+            / (1.0 + self.ctl.spec.decode_contention * others)
+            / self.ctl.slowdown();
+        Duration::from_secs_f64(1.0 / rate)
+    }
+
+    /// The next token; the first is immediate, each later one due one token time after the
+    /// previous one was due (so timer lateness does not accumulate).
     pub async fn next_token(&mut self) -> Option<String> {
         let i = self.next;
         let tok = self.tokens.get(i)?.clone();
         if i > 0 {
-            let steps = u32::try_from(i).unwrap_or(u32::MAX);
-            sleep_until(self.first_at + self.per_token.saturating_mul(steps)).await;
+            self.due += self.per_token();
+            sleep_until(self.due).await;
         }
         self.next += 1;
         Some(tok)
@@ -254,23 +320,33 @@ impl Generation {
 
     /// After a pause (gate), pace the following tokens from now rather than bursting.
     pub fn rebase(&mut self) {
-        let steps = u32::try_from(self.next.saturating_sub(1)).unwrap_or(u32::MAX);
-        let back = self.per_token.saturating_mul(steps);
-        let now = Instant::now();
-        self.first_at = now.checked_sub(back).unwrap_or(now);
+        self.due = Instant::now();
     }
 
-    /// All remaining tokens as one text (non-streaming).
+    /// All remaining tokens as one text (non-streaming); sleeps in steps of ~10 ms of tokens
+    /// rather than one timer per token.
     pub async fn rest_text(&mut self) -> String {
         let mut s = String::new();
-        while let Some(t) = self.next_token().await {
+        if let Some(t) = self.next_token().await {
             s.push_str(&t);
+        }
+        while self.next < self.tokens.len() {
+            let per = self.per_token();
+            let batch =
+                ((0.010 / per.as_secs_f64()) as usize).clamp(1, self.tokens.len() - self.next);
+            self.due += per.mul_f64(batch as f64);
+            sleep_until(self.due).await;
+            for t in &self.tokens[self.next..self.next + batch] {
+                s.push_str(t);
+            }
+            self.next += batch;
         }
         s
     }
 
     /// Free the seat, apply keep_alive, and report counts and timings.
     pub fn finish(&mut self) -> Summary {
+        self.decoding.take();
         self.seat.take();
         self.ctl
             .models
@@ -278,6 +354,7 @@ impl Generation {
             .touch(self.plan.idx, self.plan.keep_alive);
         Summary {
             prompt_tokens: self.plan.prompt_tokens,
+            cached_tokens: self.cached_tokens,
             completion_tokens: self.plan.out_tokens,
             finish: self.plan.finish,
             total: self.started.elapsed(),

@@ -16,8 +16,18 @@
 //!   (`max_tokens`/`max_completion_tokens`, Ollama `options.num_predict`), finish `length` if capped.
 //! - Text depends on the node seed, the model name as requested, and the prompt content (not on
 //!   arrival order), so identical requests get identical replies.
-//! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` → first-token gate → first token,
-//!   then one token every `1/tokens_per_sec`. Headers are sent with the first token.
+//! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` + uncached prompt tokens /
+//!   `prefill_tokens_per_sec` → first-token gate → first token, then one token every
+//!   `1/tokens_per_sec`, slowed to `tokens_per_sec / (1 + decode_contention × (n − 1))` while
+//!   `n` requests decode at once. [`SimControl::set_slowdown`] stretches ttft, prefill and
+//!   decode at run time. Headers are sent with the first token.
+//! - Prefix cache (`prefix_cache_entries` > 0): an LRU of processed prompts per model, as
+//!   cumulative hashes per chat message (raw prompts: per 1024-char block); the longest
+//!   matching leading run is not prefilled. A (re)load of the model empties its part.
+//!   Usage tells it as the real servers do: Ollama `prompt_eval_count` counts only the
+//!   prefilled tokens, OpenAI `usage.prompt_tokens` all of them with
+//!   `prompt_tokens_details.cached_tokens`, Anthropic `input_tokens` the uncached ones with
+//!   `cache_read_input_tokens`. Counters in [`SimStats`].
 //! - `/api/pull` accepts any name and adds a 4 GB model (an embedding model if the name contains
 //!   "embed"); names are matched with Ollama's implied `:latest` tag.
 //! - `keep_alive` is honoured for `0` (unload after the request) and shown in `/api/ps`
@@ -36,6 +46,7 @@ mod ollama;
 mod ollama_admin;
 mod openai;
 mod openai_extra;
+mod prefix;
 mod spec;
 mod stream;
 mod text;
@@ -49,6 +60,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use std::net::SocketAddr;
+
+use crate::routing::Family;
 use std::sync::Arc;
 
 /// Largest request body the node accepts.
@@ -105,38 +118,58 @@ async fn health(State(ctl): State<Arc<SimControl>>) -> Response {
     StatusCode::OK.into_response()
 }
 
-fn router(ctl: Arc<SimControl>) -> Router {
-    Router::new()
-        .route("/", get(ollama_admin::root))
-        .route("/health", get(health))
-        .route("/api/version", get(ollama_admin::version))
-        .route("/api/tags", get(ollama_admin::tags))
-        .route("/api/ps", get(ollama_admin::ps))
-        .route("/api/show", post(ollama_admin::show))
-        .route("/api/pull", post(ollama_admin::pull))
-        .route("/api/embed", post(ollama_admin::embed))
-        .route("/api/embeddings", post(ollama_admin::embeddings))
-        .route("/api/chat", post(ollama::chat))
-        .route("/api/generate", post(ollama::generate))
-        .route("/v1/models", get(openai_extra::models))
-        .route("/v1/models/{*model}", get(openai_extra::model))
-        .route("/v1/chat/completions", post(openai::chat))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/embeddings", post(openai_extra::embeddings))
-        .route("/v1/messages", post(anthropic::messages))
-        .fallback(fallback)
+/// The API families a sim node serves (all of them unless restricted with [`start_serving`]).
+pub const ALL_APIS: [Family; 3] = [Family::OpenAI, Family::Ollama, Family::Anthropic];
+
+fn router(ctl: Arc<SimControl>, serves: &[Family]) -> Router {
+    let mut r = Router::new().route("/health", get(health));
+    if serves.contains(&Family::Ollama) {
+        r = r
+            .route("/", get(ollama_admin::root))
+            .route("/api/version", get(ollama_admin::version))
+            .route("/api/tags", get(ollama_admin::tags))
+            .route("/api/ps", get(ollama_admin::ps))
+            .route("/api/show", post(ollama_admin::show))
+            .route("/api/pull", post(ollama_admin::pull))
+            .route("/api/embed", post(ollama_admin::embed))
+            .route("/api/embeddings", post(ollama_admin::embeddings))
+            .route("/api/chat", post(ollama::chat))
+            .route("/api/generate", post(ollama::generate));
+    }
+    if serves.contains(&Family::OpenAI) {
+        r = r
+            .route("/v1/models", get(openai_extra::models))
+            .route("/v1/models/{*model}", get(openai_extra::model))
+            .route("/v1/chat/completions", post(openai::chat))
+            .route("/v1/completions", post(openai::completions))
+            .route("/v1/embeddings", post(openai_extra::embeddings));
+    }
+    if serves.contains(&Family::Anthropic) {
+        r = r.route("/v1/messages", post(anthropic::messages));
+    }
+    r.fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ctl)
 }
 
 /// Start a sim node on an already-bound std listener. Must be called inside a tokio runtime.
 pub async fn start(spec: SimSpec, listener: std::net::TcpListener) -> std::io::Result<SimHandle> {
+    start_serving(spec, listener, &ALL_APIS).await
+}
+
+/// [`start`], serving only the endpoints of `serves` (others answer 404, as a llama.cpp
+/// server answers `/api/chat`): a node that speaks one protocol, for translation tests.
+pub async fn start_serving(
+    spec: SimSpec,
+    listener: std::net::TcpListener,
+    serves: &[Family],
+) -> std::io::Result<SimHandle> {
     spec.validate()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let slot = Arc::new(net::ListenSlot::new(listener)?);
     let addr = slot.addr();
     let control = Arc::new(SimControl::new(spec, slot.clone()));
-    let app = router(control.clone());
+    let app = router(control.clone(), serves);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(net::SimListener::new(slot), app).await {
             log::warn!("sim {addr}: server ended: {e}");

@@ -4,6 +4,7 @@ use super::control::{Fault, SimControl};
 use super::engine::{ensure_loaded, plan, Ask, Finish, Reject, Summary};
 use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, NDJSON};
 use super::models::KeepAlive;
+use super::prefix::{message_chain, raw_chain};
 use super::stream::Framer;
 use super::text::{est_tokens, rfc3339};
 use axum::extract::State;
@@ -161,7 +162,11 @@ fn final_fields(obj: &mut serde_json::Map<String, Value>, s: &Summary) {
     obj.insert("done".into(), json!(true));
     obj.insert("total_duration".into(), json!(Summary::ns(s.total)));
     obj.insert("load_duration".into(), json!(Summary::ns(s.load)));
-    obj.insert("prompt_eval_count".into(), json!(s.prompt_tokens));
+    // As Ollama counts it: the tokens evaluated, without those reused from its prompt cache.
+    obj.insert(
+        "prompt_eval_count".into(),
+        json!(s.prompt_tokens - s.cached_tokens),
+    );
     obj.insert(
         "prompt_eval_duration".into(),
         json!(Summary::ns(s.prompt_eval)),
@@ -288,6 +293,7 @@ pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Res
         hash: content_hash(&req.model, &parts),
         embed: false,
         keep_alive: keep,
+        chain: message_chain(&req.model, None, &texts),
     };
     run(&ctl, ask, started, req.stream.unwrap_or(true), true).await
 }
@@ -311,6 +317,7 @@ pub(crate) async fn generate(State(ctl): State<Arc<SimControl>>, body: Bytes) ->
         hash: content_hash(&req.model, &[&system, &req.prompt]),
         embed: false,
         keep_alive: keep,
+        chain: raw_chain(&req.model, &system, &req.prompt),
     };
     run(&ctl, ask, started, req.stream.unwrap_or(true), false).await
 }

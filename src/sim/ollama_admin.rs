@@ -190,6 +190,7 @@ async fn embed_common(
         hash: content_hash(&req.model, &refs),
         embed: true,
         keep_alive: keep,
+        chain: Vec::new(),
     };
     let p = match plan(&ctl, &ask) {
         Ok(p) => p,

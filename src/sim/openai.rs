@@ -3,6 +3,7 @@
 use super::control::{Fault, SimControl};
 use super::engine::{plan, Ask, Finish, Reject, Summary};
 use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, SSE};
+use super::prefix::{message_chain, raw_chain};
 use super::stream::Framer;
 use super::text::{est_tokens, unix_now};
 use axum::extract::State;
@@ -131,6 +132,7 @@ fn usage(s: &Summary) -> Value {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "total_tokens": u64::from(s.prompt_tokens) + u64::from(s.completion_tokens),
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
     })
 }
 
@@ -251,6 +253,7 @@ pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Res
         hash: content_hash(&req.model, &parts),
         embed: false,
         keep_alive: super::models::KeepAlive::Default,
+        chain: message_chain(&req.model, None, &texts),
     };
     let include_usage = req.stream_options.unwrap_or_default().include_usage;
     run(
@@ -281,6 +284,10 @@ pub(crate) async fn completions(State(ctl): State<Arc<SimControl>>, body: Bytes)
         hash: content_hash(&req.model, &[&text]),
         embed: false,
         keep_alive: super::models::KeepAlive::Default,
+        chain: match &req.prompt {
+            Value::String(s) => raw_chain(&req.model, "", s),
+            _ => Vec::new(),
+        },
     };
     let include_usage = req.stream_options.unwrap_or_default().include_usage;
     run(

@@ -101,6 +101,7 @@ pub(crate) async fn embeddings(State(ctl): State<Arc<SimControl>>, body: Bytes) 
         hash: content_hash(&req.model, &refs),
         embed: true,
         keep_alive: KeepAlive::Default,
+        chain: Vec::new(),
     };
     let p = match plan(&ctl, &ask) {
         Ok(p) => p,

@@ -29,6 +29,18 @@ pub struct SimSpec {
     /// Output tokens when the request sets no limit; capped by the request's max tokens.
     #[serde(default = "default_reply_tokens")]
     pub reply_tokens: u32,
+    /// Prompt processing speed, tokens per second: time to first token becomes
+    /// `ttft_ms` + uncached prompt tokens / this rate. Unset: prefill costs nothing extra.
+    #[serde(default)]
+    pub prefill_tokens_per_sec: Option<f64>,
+    /// Prompt prefixes the node keeps (an LRU of processed prompts, per model): a request whose
+    /// leading messages match a kept prompt prefills only the rest. 0 (default): no cache.
+    #[serde(default)]
+    pub prefix_cache_entries: u32,
+    /// Decode contention: with `n` requests decoding at once, each runs at
+    /// `tokens_per_sec / (1 + decode_contention * (n - 1))`. 0 (default): no slowdown.
+    #[serde(default)]
+    pub decode_contention: f64,
     /// Models on disk.
     pub models: Vec<SimModel>,
 }
@@ -86,6 +98,9 @@ impl Default for SimSpec {
             ttft_ms: default_ttft_ms(),
             memory_gb: default_memory_gb(),
             reply_tokens: default_reply_tokens(),
+            prefill_tokens_per_sec: None,
+            prefix_cache_entries: 0,
+            decode_contention: 0.0,
             models: Vec::new(),
         }
     }
@@ -116,6 +131,19 @@ impl SimSpec {
         }
         if !(self.memory_gb.is_finite() && self.memory_gb > 0.0) {
             return Err("sim: memory_gb must be a positive number".into());
+        }
+        if let Some(r) = self.prefill_tokens_per_sec {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(format!(
+                    "sim: prefill_tokens_per_sec: {r} is not a positive number"
+                ));
+            }
+        }
+        if !(self.decode_contention.is_finite() && self.decode_contention >= 0.0) {
+            return Err(format!(
+                "sim: decode_contention: {} must be a number >= 0",
+                self.decode_contention
+            ));
         }
         let mut seen = std::collections::BTreeSet::new();
         for m in &self.models {
@@ -152,6 +180,9 @@ mod tests {
         assert_eq!(s.models[0].context, 8192);
         assert_eq!(s.models[0].cold_load_ms, 1000);
         assert!(!s.models[0].loaded && !s.models[0].embedding);
+        assert_eq!(s.prefill_tokens_per_sec, None);
+        assert_eq!(s.prefix_cache_entries, 0);
+        assert_eq!(s.decode_contention, 0.0);
         assert!(s.validate().is_ok());
     }
 
@@ -169,6 +200,14 @@ mod tests {
             },
             SimSpec {
                 memory_gb: -1.0,
+                ..SimSpec::default()
+            },
+            SimSpec {
+                prefill_tokens_per_sec: Some(0.0),
+                ..SimSpec::default()
+            },
+            SimSpec {
+                decode_contention: -0.5,
                 ..SimSpec::default()
             },
             SimSpec {
