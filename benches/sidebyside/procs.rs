@@ -84,10 +84,6 @@ impl Proxy {
         ticks as f64 / 100.0
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Peak and current RSS in MB, summed over the tree.
     pub fn rss_mb(&self) -> (f64, f64) {
         let sum = |f: &str| self.pids.iter().map(|p| status_kb(*p, f)).sum::<u64>() as f64 / 1024.0;
