@@ -89,16 +89,29 @@ fn ensure_tools() {
     }
 }
 
-/// Room for 10,000 streams (two sockets each here, two in the gateway); children inherit it.
-fn raise_nofile() {
+/// Room for the open streams: the soft open-files limit up to the hard one (children inherit
+/// it); returns the limit.
+fn raise_nofile() -> usize {
+    let hard = Command::new("sh")
+        .args(["-c", "ulimit -Hn"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .unwrap_or(1024);
     let pid = std::process::id().to_string();
     let ok = Command::new("prlimit")
-        .args(["--pid", &pid, "--nofile=200000:200000"])
+        .args(["--pid", &pid, &format!("--nofile={hard}:{hard}")])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("sidebyside: could not raise the open-files limit (prlimit); streams may fail");
+        eprintln!("sidebyside: could not raise the open-files limit to {hard} (prlimit)");
     }
+    hard
 }
 
 fn uptime() -> String {
@@ -170,7 +183,7 @@ fn main() {
         return;
     }
     ensure_tools();
-    raise_nofile();
+    let nofile = raise_nofile();
     let dir = scratch_dir();
     let rounds = scaled(3, 2);
     let secs = scaled(2, 1) as u32;
@@ -268,10 +281,16 @@ fn main() {
     println!("load after: {}", uptime());
     drop(gateways);
     drop(nginx);
+    // Each stream is two sockets in this process (client and node side) and two in the
+    // gateway: 10,000 unless the open-files limit holds fewer.
+    let fit = nofile.saturating_sub(1000) / 2;
     let n = std::env::var("FLEETGATE_BENCH_STREAMS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+        .unwrap_or(10_000.min(fit));
+    if n < 10_000 {
+        println!("\nopen-files limit {nofile}: {n} streams instead of 10,000");
+    }
     if n > 0 {
         streams::run(&dir, &node, n);
     }

@@ -128,14 +128,16 @@ impl ProxyHttp for Gateway {
             return Ok(false);
         }
         conn::head_done(session);
-        let result = handle::client_request(&self.fleet, &self.access_log, session).await;
-        conn::request_done(session);
-        match result? {
-            handle::Next::Done => Ok(true),
-            handle::Next::Direct(d, arrival) => {
+        match handle::client_request(&self.fleet, &self.access_log, session).await {
+            // Still in the request until `logging`: the response is yet to be written.
+            Ok(handle::Next::Direct(d, arrival)) => {
                 ctx.dispatch = Some(d);
                 ctx.direct = Some(arrival);
                 Ok(false)
+            }
+            result => {
+                conn::request_done(session);
+                result.map(|_| true)
             }
         }
     }
@@ -335,9 +337,10 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         if let (Some(d), Some(arrival)) = (&ctx.dispatch, ctx.direct.take()) {
             handle::finish(&self.fleet, &self.access_log, d, &arrival);
+            conn::request_done(session);
         }
     }
 }
