@@ -106,7 +106,12 @@ fn run(path: &Path) -> ExitCode {
                 "fleetgate listening on {listen}, admin on {}, {nodes} nodes",
                 p.admin_addr
             );
-            p.server.run_forever()
+            let mut server = p.server;
+            server.add_service(pingora::services::background::background_service(
+                "drain on shutdown",
+                fleetgate::services::shutdown::Drain::new(p.fleet.clone(), true),
+            ));
+            server.run_forever()
         }
         Err(e) => {
             eprintln!("fleetgate: cannot start: {e}");

@@ -72,7 +72,9 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
 
     let conf = ServerConf {
         threads: config.threads,
-        grace_period_seconds: Some(config.grace_period_s),
+        // `services::shutdown::Drain` ends what is left at the grace period; Pingora's own
+        // (a plain sleep) is the backstop after it.
+        grace_period_seconds: Some(config.grace_period_s + 2),
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };

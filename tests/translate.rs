@@ -258,3 +258,143 @@ fn openai_client_on_an_ollama_only_node() {
         assert_eq!(sim.control().stats().last_path, "/api/embed");
     });
 }
+
+/// Claude Code and Codex against a fleet that has none of their models: `models.resolve`
+/// maps their ids by tier; `count_tokens` never reaches a node.
+#[test]
+fn coding_agent_model_ids_resolve_by_tier() {
+    let rt = runtime();
+    let spec = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 1\nreply_tokens: 6\nmodels:\n  - {name: qwen2.5-coder:7b, size_gb: 4.7, loaded: true}\n  - {name: qwen2.5-coder:32b, size_gb: 20, loaded: true}\n  - {name: qwen3-coder:480b, size_gb: 250}\n";
+    let spec = serde_yaml::from_str(spec).expect("spec");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let sim = rt
+        .block_on(fleetgate::sim::start_serving(spec, l, &[Family::OpenAI]))
+        .expect("sim");
+    let yaml = format!(
+        "models:\n  resolve:\n    fast: {{match: [\"claude-*haiku*\", \"gpt-*-mini\"]}}\n    balanced: {{match: [\"claude-*sonnet*\", \"gpt-5-codex\"]}}\n    strongest: {{match: [\"claude-*opus*\"], prefer: [\"qwen3-coder:*\", \"qwen2.5-coder:32b\"]}}\nfleet:\n  nodes:\n    - id: coder\n      url: http://{}\n      backend: openai\n      capacity: 4\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let ask = |model: &str| json!({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        for (id, served) in [
+            ("claude-3-5-haiku-latest", "qwen2.5-coder:7b"),
+            // Two loaded models: balanced takes the larger of the two.
+            ("claude-sonnet-4-5", "qwen2.5-coder:32b"),
+            // The first preference is on disk only (/v1/models lists it as served, so it is
+            // "loaded" for an OpenAI node): it serves.
+            ("claude-opus-4-1", "qwen3-coder:480b"),
+        ] {
+            let (s, h, text) = post(&gw, "/v1/messages", ask(id)).await;
+            assert_eq!(s, 200, "{id}: {text}");
+            assert_eq!(h["x-fleet-served-model"], served, "{id}");
+            assert_eq!(h["x-fleet-requested-model"], id);
+            assert_eq!(sim.control().stats().last_model, served, "the node was asked for it");
+        }
+        let (s, h, text) = post(&gw, "/v1/responses", json!({"model": "gpt-5-codex", "input": "Hi"})).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(h["x-fleet-served-model"], "qwen2.5-coder:32b");
+        // An id no tier matches is still not found.
+        let (s, _, text) = post(&gw, "/v1/messages", ask("mistral-large")).await;
+        assert_eq!(s, 404, "{text}");
+        // count_tokens is answered by the gateway.
+        let before = sim.control().stats().requests;
+        let (s, _, text) = post(&gw, "/v1/messages/count_tokens", ask("claude-sonnet-4-5")).await;
+        assert_eq!(s, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        assert!(v["input_tokens"].as_u64().is_some_and(|n| n > 0), "{text}");
+        assert_eq!(sim.control().stats().requests, before, "no node was asked");
+    });
+}
+
+/// Without `protocols:`, what a node speaks is learned by asking it: an `openai` node that
+/// also answers Anthropic's and Ollama's endpoints gets those requests natively.
+#[test]
+fn protocols_are_probed_when_not_configured() {
+    let rt = runtime();
+    let sim = sim_serving(&rt, &[Family::OpenAI, Family::Anthropic, Family::Ollama]);
+    let yaml = format!(
+        "fleet:\n  nodes:\n    - id: multi\n      url: http://{}\n      backend: openai\n      capacity: 4\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let body = json!({"model": "llama3.2:3b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/v1/messages", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/v1/messages", "sent natively");
+        let body = json!({"model": "llama3.2:3b", "stream": false, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/api/chat", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/api/chat", "sent natively");
+    });
+    // The same node with `protocols: [openai]` is taken at its word: translated.
+    let yaml = format!(
+        "fleet:\n  nodes:\n    - id: multi\n      url: http://{}\n      backend: openai\n      protocols: [openai]\n",
+        sim.addr()
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let body = json!({"model": "llama3.2:3b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]});
+        let (s, _, text) = post(&gw, "/v1/messages", body).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(sim.control().stats().last_path, "/v1/chat/completions", "translated");
+    });
+}
+
+/// Read the response until `want` shows up; fails after 10 s (the node is parked, so only a
+/// forwarded first token can satisfy it).
+async fn read_until(r: &mut reqwest::Response, want: &str) -> String {
+    let mut got = String::new();
+    let read = async {
+        while !got.contains(want) {
+            match r.chunk().await.expect("chunk") {
+                Some(c) => got.push_str(&String::from_utf8_lossy(&c)),
+                None => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+    got
+}
+
+/// The first token reaches the client, translated, while the node is still generating.
+#[test]
+fn translated_first_token_arrives_before_the_node_finishes() {
+    let rt = runtime();
+    let (sim, gw) = openai_only(&rt);
+    let ctl = sim.control();
+    rt.block_on(async {
+        for (path, body, want, end) in [
+            (
+                "/api/chat",
+                json!({"model": "llama3.2:3b", "messages": [{"role": "user", "content": "Hi"}]}),
+                "\"done\":false",
+                "\"done\":true",
+            ),
+            (
+                "/v1/messages",
+                json!({"model": "llama3.2:3b", "max_tokens": 8, "stream": true, "messages": [{"role": "user", "content": "Hi"}]}),
+                "text_delta",
+                "message_stop",
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "llama3.2:3b", "input": "Hi", "stream": true}),
+                "response.output_text.delta",
+                "response.completed",
+            ),
+        ] {
+            ctl.hold_after_first_chunk(true);
+            let mut r = client().post(gw.url(path)).json(&body).send().await.expect("send");
+            assert_eq!(r.status(), 200, "{path}");
+            let first = read_until(&mut r, want).await;
+            assert!(first.contains(want), "{path}: no token while the node is parked: {first}");
+            assert!(!first.contains(end), "{path}: the stream cannot be complete yet: {first}");
+            assert_eq!(ctl.stats().in_flight, 1, "{path}: node still generating");
+            ctl.release();
+            let rest = read_until(&mut r, end).await;
+            assert!(rest.contains(end), "{path}: {rest}");
+        }
+    });
+}

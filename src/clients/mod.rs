@@ -24,6 +24,10 @@ pub struct ClientGuards {
     ceiling: AtomicUsize,
     /// This gateway's own listeners as bound (proxy, admin): never a node's address.
     listeners: parking_lot::Mutex<Vec<std::net::SocketAddr>>,
+    /// Client requests being served (read, routed, proxied) now.
+    requests: AtomicUsize,
+    /// Set when a shutdown's grace period is over: what is in flight ends now.
+    grace_over: tokio::sync::watch::Sender<bool>,
 }
 
 impl Default for ClientGuards {
@@ -33,6 +37,8 @@ impl Default for ClientGuards {
             open: AtomicUsize::new(0),
             ceiling: AtomicUsize::new(usize::MAX),
             listeners: Default::default(),
+            requests: AtomicUsize::new(0),
+            grace_over: tokio::sync::watch::channel(false).0,
         }
     }
 }
@@ -48,7 +54,38 @@ impl Drop for Slot {
     }
 }
 
+/// One client request in flight; counted until dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<ClientGuards>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.requests.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl ClientGuards {
+    /// Count a client request as in flight until the guard is dropped.
+    pub fn request(self: &Arc<Self>) -> InFlight {
+        self.requests.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.requests.load(Ordering::Acquire)
+    }
+
+    /// The shutdown grace period is over: requests still in flight end now.
+    pub fn end_grace(&self) {
+        self.grace_over.send_replace(true);
+    }
+
+    /// Resolves once `end_grace` was called (never, in normal operation).
+    pub async fn grace_over(&self) {
+        let mut rx = self.grace_over.subscribe();
+        let _ = rx.wait_for(|over| *over).await;
+    }
+
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)

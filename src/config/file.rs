@@ -264,6 +264,8 @@ pub struct ModelsFile {
     pub fallbacks: BTreeMap<String, Vec<String>>,
     /// Models served only by nodes that have them loaded (spec 004 warm-only rule).
     pub require_warm: Vec<String>,
+    /// Coding-agent model ids mapped by tier to what the fleet has.
+    pub resolve: super::resolve::ResolveFile,
 }
 
 /// The built-in affinity secret: fine for one gateway, set your own for several replicas

@@ -5,6 +5,7 @@ mod clients;
 mod env;
 mod file;
 mod node;
+mod resolve;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ pub use env::apply_env;
 pub use file::*;
 use node::validate_node;
 pub use node::{default_families, parse_url, valid_id, validate_agent};
+pub use resolve::{ResolveFile, TierFile};
 
 use crate::routing::{Family, Policy, Tier};
 use crate::sim::SimSpec;
@@ -41,6 +43,8 @@ pub struct Config {
     pub aliases: BTreeMap<String, String>,
     pub fallbacks: BTreeMap<String, Vec<String>>,
     pub require_warm: Vec<String>,
+    /// `models.resolve`: coding-agent ids by tier.
+    pub resolve: crate::routing::Resolve,
     pub nodes: Vec<NodeConfig>,
     pub breaker: Breaker,
     pub learning: Learning,
@@ -122,6 +126,8 @@ pub struct NodeConfig {
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
+    /// `protocols:` was set: `families` is final (no probing).
+    pub protocols_fixed: bool,
     pub max_context: Option<u32>,
     pub output_reserve: u32,
     pub overhead_tokens: u32,
@@ -255,6 +261,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let resolve = resolve::validate_resolve(&mut errors, f.models.resolve);
     if f.access_log.path.as_deref() == Some("") {
         errors.push(
             "field `access_log.path`: empty: expected a file path (or no path for stdout)".into(),
@@ -301,6 +308,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         aliases: f.models.aliases,
         fallbacks: f.models.fallbacks,
         require_warm: f.models.require_warm,
+        resolve,
         nodes,
         breaker: Breaker {
             failure_threshold: f.breaker.failure_threshold,

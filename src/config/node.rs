@@ -120,6 +120,7 @@ pub(super) fn validate_node(
     if errors.len() > before {
         return None;
     }
+    let protocols_fixed = n.protocols.is_some();
     let families = n.protocols.unwrap_or_else(|| default_families(n.backend));
     let seats = n
         .capacity
@@ -138,6 +139,7 @@ pub(super) fn validate_node(
         tier: n.tier,
         tags: n.tags,
         families,
+        protocols_fixed,
         max_context: n.max_context,
         output_reserve: n.output_reserve.unwrap_or(1024),
         overhead_tokens: n.overhead_tokens,
@@ -186,6 +188,7 @@ impl NodeConfig {
             tier: Tier::Provisional,
             tags: Vec::new(),
             families: default_families(backend),
+            protocols_fixed: false,
             max_context: None,
             output_reserve,
             overhead_tokens: 0,

@@ -135,3 +135,27 @@ fn access_log_is_off_by_default_and_goes_to_stdout_or_a_file() {
     let err = Config::from_yaml(&format!("access_log:\n  enable: true\n{MINIMAL}")).unwrap_err();
     assert!(err.to_string().contains("enable"), "{err}");
 }
+
+#[test]
+fn models_resolve_section() {
+    let base = "server: {listen: 127.0.0.1:0}\nfleet:\n  nodes:\n    - {id: a, url: http://127.0.0.1:1, backend: openai}\n";
+    let ok = format!("{base}models:\n  resolve:\n    fast: {{match: [\"claude-*haiku*\"]}}\n    strongest: {{match: [\"claude-*opus*\"], prefer: [\"qwen3-coder:*\"]}}\n");
+    let c = Config::from_yaml(&ok).expect("valid");
+    let tiers: Vec<_> = c.resolve.rules.iter().map(|r| r.tier).collect();
+    assert_eq!(
+        tiers,
+        [
+            crate::routing::ModelTier::Fast,
+            crate::routing::ModelTier::Strongest
+        ]
+    );
+    assert_eq!(c.resolve.rules[1].prefer, ["qwen3-coder:*"]);
+    let empty = format!("{base}models:\n  resolve:\n    balanced: {{match: []}}\n");
+    let e = Config::from_yaml(&empty).unwrap_err().to_string();
+    assert!(
+        e.contains("field `models.resolve.balanced.match`: empty"),
+        "{e}"
+    );
+    let unknown = format!("{base}models:\n  resolve:\n    medium: {{match: [\"x\"]}}\n");
+    assert!(Config::from_yaml(&unknown).is_err());
+}

@@ -32,6 +32,8 @@ pub enum PollReport {
 
 #[derive(Debug, Clone, Default)]
 pub struct NodeLive {
+    /// Wire protocols learned by probing (nodes without `protocols:`), once answered.
+    pub probed_families: Option<Vec<crate::routing::Family>>,
     pub health: Health,
     /// At least one poll answered.
     pub polled: bool,

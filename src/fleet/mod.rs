@@ -98,6 +98,9 @@ impl NodeState {
 pub struct Fleet {
     /// The configuration in force; `reload` swaps it.
     config: ArcSwap<Config>,
+    /// The configuration the process started with: its listeners and threads are the ones
+    /// running, whatever reloads came since.
+    started: Arc<Config>,
     /// The file it came from, for reloads (None: built from text, e.g. in tests).
     config_path: Mutex<Option<std::path::PathBuf>>,
     configs: ArcSwap<Vec<Arc<NodeConfig>>>,
@@ -125,6 +128,7 @@ impl Fleet {
         let configs: Vec<_> = config.nodes.iter().cloned().map(Arc::new).collect();
         let nodes = configs.iter().map(|c| Arc::new(new_state(c))).collect();
         let fleet = Fleet {
+            started: config.clone(),
             config: ArcSwap::new(config),
             config_path: Mutex::new(None),
             configs: ArcSwap::from_pointee(configs),
@@ -140,6 +144,11 @@ impl Fleet {
         };
         fleet.publish();
         Arc::new(fleet)
+    }
+
+    /// The configuration the process started with (what is bound and running).
+    pub fn started_config(&self) -> &Config {
+        &self.started
     }
 
     /// The configuration in force.

@@ -28,10 +28,15 @@ impl Fleet {
     pub fn reload(&self, new: Config) -> ReloadReport {
         let old = self.config();
         let mut report = ReloadReport::default();
+        // Against what is running, not the last file: a change reverted needs no restart.
+        let running = self.started_config();
         for (field, differs) in [
-            ("server.listen", old.listen != new.listen),
-            ("server.admin_listen", old.admin_listen != new.admin_listen),
-            ("server.threads", old.threads != new.threads),
+            ("server.listen", running.listen != new.listen),
+            (
+                "server.admin_listen",
+                running.admin_listen != new.admin_listen,
+            ),
+            ("server.threads", running.threads != new.threads),
         ] {
             if differs {
                 report.restart_needed.push(field);
@@ -100,5 +105,32 @@ impl Fleet {
                 Err(e.0)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listen: &str) -> Config {
+        let yaml = format!(
+            "server:\n  listen: {listen}\nfleet:\n  nodes:\n    - {{id: a, url: 'http://127.0.0.1:1', backend: ollama}}\n"
+        );
+        Config::from_yaml(&yaml).expect("valid")
+    }
+
+    #[test]
+    fn a_reverted_listen_change_needs_no_restart() {
+        let fleet = Fleet::new(Arc::new(config("127.0.0.1:8080")));
+        let changed = fleet.reload(config("127.0.0.1:8081"));
+        assert_eq!(changed.restart_needed, vec!["server.listen"]);
+        let again = fleet.reload(config("127.0.0.1:8081"));
+        assert_eq!(
+            again.restart_needed,
+            vec!["server.listen"],
+            "still not applied"
+        );
+        let reverted = fleet.reload(config("127.0.0.1:8080"));
+        assert!(reverted.restart_needed.is_empty(), "{reverted:?}");
     }
 }

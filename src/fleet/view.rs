@@ -140,7 +140,10 @@ pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
         hard_cap: cfg.hard_cap.unwrap_or(seats * 4).max(seats),
         tier: cfg.tier,
         tags: cfg.tags.clone(),
-        families: cfg.families.clone(),
+        families: live
+            .probed_families
+            .clone()
+            .unwrap_or_else(|| cfg.families.clone()),
         models,
         output_reserve: cfg.output_reserve,
         overhead_tokens: cfg.overhead_tokens,

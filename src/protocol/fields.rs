@@ -34,11 +34,20 @@ pub(super) fn json_chars<T: serde::Serialize + ?Sized>(v: &T) -> usize {
     serde_json::to_string(v).map_or(0, |s| chars(&s))
 }
 
+/// A model name with a control character (a newline, NUL, ESC ...) names nothing a node has;
+/// it is refused at intake rather than sent to a node.
+fn has_control(s: &str) -> bool {
+    s.chars().any(char::is_control)
+}
+
 /// The required, non-empty `model` string.
 pub(super) fn model(obj: &Obj) -> Result<String, ParseError> {
     match get(obj, "model") {
         None => Err(ParseError::new("missing field `model`")),
         Some(Value::String(s)) if s.trim().is_empty() => Err(wrong("model", "a non-empty string")),
+        Some(Value::String(s)) if has_control(s) => {
+            Err(wrong("model", "a model name without control characters"))
+        }
         Some(Value::String(s)) => Ok(s.clone()),
         Some(_) => Err(wrong("model", "a string")),
     }
@@ -118,10 +127,10 @@ pub(super) fn fallback_models(obj: &Obj) -> Result<Vec<String>, ParseError> {
     arr.iter()
         .enumerate()
         .map(|(i, v)| match v {
-            Value::String(s) if !s.trim().is_empty() => Ok(s.clone()),
+            Value::String(s) if !s.trim().is_empty() && !has_control(s) => Ok(s.clone()),
             _ => Err(wrong(
                 &format!("fallback_models[{i}]"),
-                "a non-empty string",
+                "a non-empty model name without control characters",
             )),
         })
         .collect()
@@ -265,6 +274,14 @@ mod tests {
             "missing field `model`"
         );
         assert!(model(&obj(json!({"model":"  "}))).is_err());
+        for bad in ["m\n", "m\u{0}x", "\u{1b}[31mm", "m\u{7f}"] {
+            let e = model(&obj(json!({ "model": bad }))).unwrap_err().message;
+            assert!(e.contains("control characters"), "{bad:?}: {e}");
+            let e = fallback_models(&obj(json!({ "fallback_models": ["ok", bad] })))
+                .unwrap_err()
+                .message;
+            assert!(e.contains("fallback_models[1]"), "{bad:?}: {e}");
+        }
         let o = obj(json!({"fallback_models":["a","b"]}));
         assert_eq!(fallback_models(&o).unwrap(), ["a", "b"]);
         assert!(fallback_models(&obj(json!({}))).unwrap().is_empty());
@@ -274,7 +291,10 @@ mod tests {
         let e = fallback_models(&obj(json!({"fallback_models":"a"}))).unwrap_err();
         assert_eq!(e.message, "`fallback_models` must be an array");
         let e = fallback_models(&obj(json!({"fallback_models":["a",3]}))).unwrap_err();
-        assert_eq!(e.message, "`fallback_models[1]` must be a non-empty string");
+        assert_eq!(
+            e.message,
+            "`fallback_models[1]` must be a non-empty model name without control characters"
+        );
     }
 
     #[test]

@@ -104,6 +104,15 @@ fn raw_response(status: u16, family: Family, code: ErrorCode, msg: &str) -> Vec<
     out
 }
 
+/// Pingora's own 400 (empty body), not one of the gateway's JSON answers.
+fn is_bare_400(buf: &[u8]) -> bool {
+    if !buf.starts_with(b"HTTP/1.1 400 ") {
+        return false;
+    }
+    let head = String::from_utf8_lossy(&buf[..buf.len().min(1024)]).to_ascii_lowercase();
+    head.contains("content-length: 0\r\n") && !head.contains("application/json")
+}
+
 /// Where a connection is between requests.
 #[derive(Debug, Default)]
 struct Phase {
@@ -244,7 +253,7 @@ impl AsyncWrite for ClientStream {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        if this.replacing.is_none() && !this.closing && buf.starts_with(b"HTTP/1.1 400 ") {
+        if this.replacing.is_none() && !this.closing && is_bare_400(buf) {
             let before_request = !this.phase.lock().in_request;
             if before_request {
                 // Pingora's own 400 for a head it cannot parse: empty body. Say why, natively.

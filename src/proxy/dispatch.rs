@@ -22,8 +22,6 @@ pub struct Dispatch {
     /// Winner first, then same-model runners-up for failover.
     pub ranked: Vec<Choice>,
     pub body: Bytes,
-    /// `body` differs from what the client sent (served model written in, or translated).
-    pub rewritten: bool,
     pub started: Instant,
     /// Time spent in the holding and node:model queues before dispatch.
     pub queue_wait: std::time::Duration,
@@ -43,10 +41,14 @@ pub struct Attempts {
     pub current: usize,
     /// Indexes into `ranked` already tried.
     pub tried: Vec<usize>,
+    /// Of those, the ones skipped for want of a free seat (never sent anything).
+    pub skipped: Vec<usize>,
     pub retries: u32,
     pub lease: Option<Lease>,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
+    /// When the node last sent something (headers or a body chunk).
+    pub last_activity: Option<Instant>,
     /// The error that ended the attempt(s), when the upstream failed.
     pub error: Option<String>,
     /// Every attempt failed to connect: nothing reached any node.
@@ -63,9 +65,26 @@ pub struct Attempts {
     pub code: Option<ErrorCode>,
     /// Attempts repeated because a pooled connection turned out closed by the node.
     pub stale_retries: u32,
+    /// The node answered an error that is not JSON: its text, kept to be re-sent in the
+    /// client's error shape (`framing`).
+    pub reshape: Option<String>,
 }
 
 impl Dispatch {
+    /// Node ids of every candidate the request was sent to so far, the current one included
+    /// (not those skipped for want of a seat).
+    pub fn tried_nodes(&self) -> Vec<String> {
+        let st = self.state.lock();
+        let mut ids: Vec<String> = Vec::new();
+        for i in st.tried.iter().chain(std::iter::once(&st.current)) {
+            let id = &self.ranked[*i].node_id;
+            if !st.skipped.contains(i) && !ids.contains(id) {
+                ids.push(id.clone());
+            }
+        }
+        ids
+    }
+
     pub fn choice(&self) -> &Choice {
         let i = self.state.lock().current;
         &self.ranked[i]
@@ -90,7 +109,10 @@ impl Dispatch {
                     st.lease = Some(lease);
                     return Some(next);
                 }
-                None => st.tried.push(next),
+                None => {
+                    st.tried.push(next);
+                    st.skipped.push(next);
+                }
             }
         }
         None
@@ -125,7 +147,6 @@ mod tests {
             affinity: AffinityKind::None,
             ranked: (0..nodes.len()).map(choice).collect(),
             body: Bytes::new(),
-            rewritten: false,
             started: Instant::now(),
             queue_wait: Default::default(),
             stream: false,

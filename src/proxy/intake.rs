@@ -34,6 +34,15 @@ pub async fn read_body(
         session.set_keepalive(None);
         return Ok(Err(too_large(max)));
     }
+    let expects_continue = header_str(session.req_header(), "expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    if expects_continue {
+        // The client waits for this before sending the body: answer at once.
+        session
+            .as_downstream_mut()
+            .write_continue_response()
+            .await?;
+    }
     let mut buf = BodyBuf::new(fleet.clients.budget.clone());
     let read = async {
         while let Some(chunk) = session.read_request_body().await? {
@@ -188,10 +197,40 @@ pub fn prepare(
 ) -> Result<(ParsedRequest, RouteRequest), String> {
     let parsed = protocol::parse(ep, body).map_err(|e| e.message)?;
     let config = fleet.config();
-    let primary = resolve(&config, &parsed.model);
+    let tiered = tier_model(fleet, &config, resolve(&config, &parsed.model));
+    let primary = tiered
+        .as_deref()
+        .unwrap_or_else(|| resolve(&config, &parsed.model));
     let cpt = fleet
         .calibration
         .chars_per_token(primary, config.routing.chars_per_token);
-    let req = route_request(&config, ep, &parsed, h, cpt);
+    let mut req = route_request(&config, ep, &parsed, h, cpt);
+    if let Some(m) = tiered {
+        req.require_warm |= config.require_warm.contains(&m);
+        req.models[0] = m;
+    }
     Ok((parsed, req))
+}
+
+/// `models.resolve`: a model id no node has (`claude-sonnet-4-5`, `gpt-5-codex` ...) that a
+/// tier rule matches, mapped to the fleet model serving that tier.
+pub fn tier_model(fleet: &Fleet, config: &Config, model: &str) -> Option<String> {
+    if config.resolve.rules.is_empty() {
+        return None;
+    }
+    let view = fleet.view();
+    if view.nodes.iter().any(|n| n.model(model).is_some()) {
+        return None;
+    }
+    config.resolve.resolve(model, &view)
+}
+
+/// Chars per token for counting a prompt for `model` (alias and tier resolved, calibrated).
+pub fn chars_per_token(fleet: &Fleet, model: &str) -> f64 {
+    let config = fleet.config();
+    let name = resolve(&config, model);
+    let name = tier_model(fleet, &config, name).unwrap_or_else(|| name.to_string());
+    fleet
+        .calibration
+        .chars_per_token(&name, config.routing.chars_per_token)
 }

@@ -82,7 +82,7 @@ pub async fn answer(session: &mut Session, fleet: &Fleet, local: Local) -> Resul
             };
             match protocol::parse(Endpoint::AnthropicMessages, &body) {
                 Ok(p) => protocol::count_tokens_body(
-                    p.estimated_prompt_tokens(fleet.config().routing.chars_per_token),
+                    p.estimated_prompt_tokens(intake::chars_per_token(fleet, &p.model)),
                 ),
                 Err(e) => {
                     return respond::error(

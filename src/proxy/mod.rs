@@ -1,25 +1,26 @@
 //! The Pingora `ProxyHttp` implementation: each hook a short dispatcher into the modules.
 //!
-//! A client request is handled in `request_filter`: body read once (bounded), parsed, routed.
-//! A body of at most 64 KiB (nearly all of them) then goes the direct path: Pingora proxies
-//! this same session and replays the body from its retry buffer on every attempt; `logging`
-//! accounts for it. A larger body is re-issued as a Pingora subrequest carrying the already-read
-//! body (Pingora 0.9 replays at most 64 KiB; the subrequest path has no limit), whose response
-//! is piped back to the client unbuffered. Both run the same upstream hooks (`upstream_peer`,
-//! failover, response headers).
+//! A client request is handled in `request_filter`: body read once (bounded), parsed, routed,
+//! and then re-issued as a Pingora subrequest carrying the already-read body (Pingora 0.9
+//! replays at most 64 KiB of a body read in `request_filter`; the subrequest path has no limit).
+//! The subrequest runs the upstream hooks (`upstream_peer`, failover, response headers) and its
+//! response is piped back to the client unbuffered.
 
 pub mod access_log;
 mod admit;
+mod attempt;
 pub mod conn;
 mod dispatch;
+mod framing;
 mod handle;
 pub mod intake;
 mod local;
-mod observe;
+pub mod observe;
 mod outcome;
 mod place;
 mod respond;
 mod stale;
+mod watch;
 mod xlate;
 
 use std::sync::Arc;
@@ -60,13 +61,10 @@ impl Gateway {
     }
 }
 
-/// Per-request context: the upstream leg (the direct session, or the subrequest) carries the
-/// dispatch.
+/// Per-request context; only the subrequest (the upstream leg) carries a dispatch.
 #[derive(Default)]
 pub struct RequestCtx {
     pub dispatch: Option<Arc<Dispatch>>,
-    /// Set on the direct path: this session is proxied by Pingora and accounted in `logging`.
-    pub direct: Option<Box<access_log::Arrival>>,
     /// Set when the node answers in another protocol than the client's.
     pub translator: Option<crate::protocol::translate::ResponseTranslator>,
 }
@@ -81,6 +79,8 @@ fn take_dispatch(session: &mut Session) -> Option<Arc<Dispatch>> {
 fn prepare_upstream_header(h: &mut RequestHeader, body_len: usize) -> Result<()> {
     h.remove_header("transfer-encoding");
     h.insert_header("content-length", body_len.to_string())?;
+    // The gateway answered `100 Continue` itself; the node gets the whole body at once.
+    h.remove_header("expect");
     for name in [
         intake::PIN_HEADER,
         intake::CONVERSATION_HEADER,
@@ -128,34 +128,13 @@ impl ProxyHttp for Gateway {
             return Ok(false);
         }
         conn::head_done(session);
-        match handle::client_request(&self.fleet, &self.access_log, session).await {
-            // Still in the request until `logging`: the response is yet to be written.
-            Ok(handle::Next::Direct(d, arrival)) => {
-                ctx.dispatch = Some(d);
-                ctx.direct = Some(arrival);
-                Ok(false)
-            }
-            result => {
-                conn::request_done(session);
-                result.map(|_| true)
-            }
-        }
-    }
-
-    async fn request_body_filter(
-        &self,
-        _session: &mut Session,
-        body: &mut Option<Bytes>,
-        _end_of_stream: bool,
-        ctx: &mut RequestCtx,
-    ) -> Result<()> {
-        // Direct path: Pingora replays the client's bytes; send the rewritten body instead.
-        if let (Some(d), Some(_)) = (&ctx.dispatch, &ctx.direct) {
-            if d.rewritten && body.is_some() {
-                *body = Some(d.body.clone());
-            }
-        }
-        Ok(())
+        // Pipelined requests are served in order, not dropped with the connection.
+        session.as_downstream_mut().set_pipelining_enabled(true);
+        let in_flight = self.fleet.clients.request();
+        let result = handle::client_request(&self.fleet, &self.access_log, session).await;
+        drop(in_flight);
+        conn::request_done(session);
+        result.map(|()| true)
     }
 
     async fn upstream_peer(
@@ -219,10 +198,6 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(d) = &ctx.dispatch {
-            if ctx.direct.is_some() {
-                prepare_upstream_header(upstream, d.body.len())?;
-                xlate::upstream_header(upstream, d)?;
-            }
             upstream.insert_header(
                 "host",
                 self.fleet.node_config(d.choice().node).host.as_str(),
@@ -240,6 +215,10 @@ impl ProxyHttp for Gateway {
         let Some(d) = &ctx.dispatch else {
             return Ok(());
         };
+        if resp.status.is_informational() {
+            // A node's own `100 Continue` (the client had its 100 from the gateway).
+            return Ok(());
+        }
         let c = d.choice();
         if c.cold && resp.status.is_success() {
             self.fleet.mark_loaded(c.node, &c.model);
@@ -248,6 +227,7 @@ impl ProxyHttp for Gateway {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
             st.upstream_status = Some(resp.status.as_u16());
+            st.last_activity = Some(Instant::now());
             st.retries
         };
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
@@ -277,12 +257,22 @@ impl ProxyHttp for Gateway {
                 st.first_byte = Some(Instant::now());
             }
             st.body_bytes += b.len();
+            st.last_activity = Some(Instant::now());
             st.observer.feed(b);
         }
         if let Some(x) = ctx.translator.as_mut() {
             xlate::body(x, body, end_of_stream);
         }
         Ok(None)
+    }
+
+    /// A client that went away is routine, not an error: debug, not one ERROR line each.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        let client = *e.esource() == pingora::ErrorSource::Downstream;
+        if client {
+            log::debug!("client went away: {e}");
+        }
+        client
     }
 
     fn error_while_proxy(
@@ -315,32 +305,26 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let mut error_code = 502;
+        if session.subrequest_ctx.is_none() && session.response_written().is_none() {
+            // The client leg failed before answering (a body it could not read: broken
+            // framing, a smuggling pair): say so in the client's shape, not with a bare close.
+            let code = respond::client_leg_failure(session, e).await;
+            return FailToProxy {
+                error_code: code,
+                can_reuse_downstream: false,
+            };
+        }
+        // The client-facing request writes the native error (or ends the stream) itself.
         if let Some(d) = &ctx.dispatch {
-            {
-                let mut st = d.state.lock();
-                st.upstream_error |= *e.esource() == pingora::ErrorSource::Upstream;
-                if st.error.is_none() || st.status.is_some() {
-                    st.error = Some(e.to_string());
-                }
-            }
-            // Direct path: answer the native error (or end the stream) here; on the
-            // subrequest path the client-facing request does it.
-            if ctx.direct.is_some() {
-                let _ = handle::answer_failure(session, d).await;
-                error_code = d.state.lock().status.unwrap_or(502);
+            let mut st = d.state.lock();
+            st.upstream_error |= *e.esource() == pingora::ErrorSource::Upstream;
+            if st.error.is_none() || st.status.is_some() {
+                st.error = Some(e.to_string());
             }
         }
         FailToProxy {
-            error_code,
+            error_code: 502,
             can_reuse_downstream: false,
-        }
-    }
-
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        if let (Some(d), Some(arrival)) = (&ctx.dispatch, ctx.direct.take()) {
-            handle::finish(&self.fleet, &self.access_log, d, &arrival);
-            conn::request_done(session);
         }
     }
 }

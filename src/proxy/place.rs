@@ -120,6 +120,7 @@ pub async fn place(
     parsed: &ParsedRequest,
     req: &RouteRequest,
     arrived: Instant,
+    may_hold: bool,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
     let q = &fleet.config().queue;
     let started = Instant::now();
@@ -221,9 +222,10 @@ pub async fn place(
         // A node still starting up may report the model in a moment: wait for it briefly.
         let settle_deadline = started + crate::services::settle::SETTLE_WAIT;
         let settling = no_route == NoRoute::ModelNotFound
+            && may_hold
             && Instant::now() < settle_deadline
             && crate::services::settle::any_settling(fleet);
-        if no_route != NoRoute::NoProvider && !pulling && !settling {
+        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling && !settling {
             let (code, msg) = no_route_error(no_route, parsed, req);
             return Ok(Err(Unplaced::Error(code, msg)));
         }

@@ -17,7 +17,21 @@ pub async fn json(
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(4))?;
+    json_from(session, status, body, retry_after, None).await
+}
+
+/// Write a complete JSON response about a request that went to `node` (`X-Fleet-Node`).
+pub async fn json_from(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    node: Option<&str>,
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(5))?;
+    if let Some(n) = node {
+        h.insert_header(super::NODE_HEADER, n)?;
+    }
     h.insert_header("content-type", "application/json")?;
     h.insert_header("content-length", body.len().to_string())?;
     if let Some(s) = retry_after {
@@ -65,4 +79,20 @@ pub fn family_of_path(path: &str) -> Family {
     } else {
         Family::OpenAI
     }
+}
+
+/// Answer a client request that failed before any response (the request could not be read):
+/// 400 in the client's shape (in the client leg only reading the client's request can fail;
+/// node trouble is handled by the subrequest), 502 for anything from a node.
+/// Returns the status (the client may already be gone: then nothing is written).
+pub async fn client_leg_failure(session: &mut Session, e: &pingora::Error) -> u16 {
+    let family = family_of_path(session.req_header().uri.path());
+    let (code, msg) = if *e.esource() == pingora::ErrorSource::Upstream {
+        (ErrorCode::UpstreamError, e.to_string())
+    } else {
+        (ErrorCode::InvalidRequest, format!("malformed request: {e}"))
+    };
+    session.set_keepalive(None);
+    let _ = error(session, family, code, &msg).await;
+    code.status()
 }

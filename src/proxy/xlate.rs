@@ -14,7 +14,7 @@ use crate::routing::Choice;
 /// The endpoint the winner is sent for `ep` (`ep` when it speaks it). Failover candidates
 /// that would need another endpoint are dropped: the body is translated once, for the winner.
 pub fn plan(fleet: &Fleet, ep: Endpoint, ranked: &mut Vec<Choice>) -> Endpoint {
-    let upstream_of = |c: &Choice| translate::upstream_for(ep, &fleet.node_config(c.node).families);
+    let upstream_of = |c: &Choice| translate::upstream_for(ep, &families(fleet, c.node));
     let Some(first) = ranked.first().and_then(upstream_of) else {
         return ep;
     };
@@ -24,6 +24,12 @@ pub fn plan(fleet: &Fleet, ep: Endpoint, ranked: &mut Vec<Choice>) -> Endpoint {
         i == 1 || upstream_of(c) == Some(first)
     });
     first
+}
+
+/// What node `idx` speaks: probed, else its config (`protocols:` or the backend's default).
+fn families(fleet: &Fleet, idx: usize) -> Vec<crate::routing::Family> {
+    let probed = fleet.node(idx).live.lock().probed_families.clone();
+    probed.unwrap_or_else(|| fleet.node_config(idx).families.clone())
 }
 
 /// The body the node is sent; the error is the client's 400.

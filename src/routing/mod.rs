@@ -9,11 +9,13 @@
 //! | `affinity.rs` | conversation key (HMAC) and rendezvous hashing |
 //! | `decide.rs` | the pass over (node, model) pairs, provisional cap, fallback chain |
 //! | `servable.rs` | what no node could ever serve (refused at once) |
+//! | `resolve.rs` | `models.resolve`: coding-agent model ids by tier to a fleet model |
 
 mod affinity;
 mod decide;
 mod eliminate;
 mod policy;
+mod resolve;
 mod servable;
 mod signals;
 mod types;
@@ -30,5 +32,6 @@ mod tests;
 pub use self::affinity::{conversation_key, rendezvous_weight};
 pub use self::decide::decide;
 pub use self::policy::{Policy, PolicyError};
+pub use self::resolve::{glob, ModelTier, Resolve, TierRule};
 pub use self::servable::unservable_tags;
 pub use self::types::*;

@@ -11,6 +11,7 @@ pub mod prewarm;
 pub mod rebalance;
 pub mod reload;
 pub mod settle;
+pub mod shutdown;
 
 /// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.
 pub fn now_ms() -> u64 {

@@ -26,6 +26,15 @@ pub enum Fault {
     Hang,
     /// Streams send their first chunk, then the connection is cut without the terminator.
     DieMidStream,
+    /// Non-streaming replies are sent chunked; half the JSON arrives, then the connection is cut.
+    CutChunked,
+    /// Non-streaming replies declare their full Content-Length; half arrives, then the cut.
+    CutLength,
+    /// Inference requests wait this many ms before any work (and before response headers).
+    SlowFirstByte(u64),
+    /// The listener goes away and comes back every this many ms (Refuse, None, Refuse, ...),
+    /// until another fault is set.
+    Flap(u64),
 }
 
 /// Snapshot of a node's counters.
@@ -85,7 +94,7 @@ pub struct SimControl {
     /// Run-time slowdown factor (f64 bits): 1 normal, 2 everything computes at half speed.
     slowdown: AtomicU64,
     decoding: AtomicU32,
-    fault: Mutex<Fault>,
+    fault: Arc<Mutex<Fault>>,
     gates: watch::Sender<Gates>,
     parked: watch::Sender<usize>,
     requests: watch::Sender<u64>,
@@ -106,7 +115,7 @@ impl SimControl {
             stats: Mutex::new(SimStats::default()),
             slowdown: AtomicU64::new(1.0f64.to_bits()),
             decoding: AtomicU32::new(0),
-            fault: Mutex::new(Fault::None),
+            fault: Arc::new(Mutex::new(Fault::None)),
             gates: watch::channel(Gates::default()).0,
             parked: watch::channel(0).0,
             requests: watch::channel(0).0,
@@ -117,15 +126,40 @@ impl SimControl {
     /// Put the node in a failure mode (see [`Fault`]).
     pub fn set_fault(&self, f: Fault) {
         let prev = std::mem::replace(&mut *self.fault.lock(), f);
-        if f == Fault::Refuse {
-            if prev != Fault::Refuse {
-                self.slot.close_and_kill();
+        let was_closed = matches!(prev, Fault::Refuse | Fault::Flap(_));
+        match f {
+            Fault::Refuse if prev != Fault::Refuse => self.slot.close_and_kill(),
+            Fault::Flap(ms) if !matches!(prev, Fault::Flap(_)) => self.spawn_flapper(ms),
+            Fault::Refuse | Fault::Flap(_) => {}
+            _ if was_closed => {
+                if let Err(e) = self.slot.reopen() {
+                    log::warn!("sim: cannot re-bind {}: {e}", self.slot.addr());
+                }
             }
-        } else if prev == Fault::Refuse {
-            if let Err(e) = self.slot.reopen() {
-                log::warn!("sim: cannot re-bind {}: {e}", self.slot.addr());
-            }
+            _ => {}
         }
+    }
+
+    /// Toggle the listener every `ms` on a thread of its own while the fault stays `Flap`
+    /// (whoever sets the next fault re-opens it).
+    fn spawn_flapper(&self, ms: u64) {
+        let (slot, fault) = (self.slot.clone(), self.fault.clone());
+        std::thread::spawn(move || {
+            let mut open = true;
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(ms.max(1)));
+                let f = fault.lock();
+                if !matches!(*f, Fault::Flap(_)) {
+                    return;
+                }
+                if open {
+                    slot.close_and_kill();
+                } else if let Err(e) = slot.reopen() {
+                    log::warn!("sim: flap: cannot re-bind {}: {e}", slot.addr());
+                }
+                open = !open;
+            }
+        });
     }
 
     /// Slow the node's compute (time to first token, prefill, decode; not cold loads) by

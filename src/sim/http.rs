@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde_json::Value;
 use std::io;
 use std::sync::Arc;
@@ -44,6 +44,12 @@ pub(crate) async fn intake(
         .unwrap_or("");
     ctl.record(path, body.len(), model);
     hang_if_faulted(ctl).await?;
+    if let Fault::SlowFirstByte(ms) = ctl.fault() {
+        let slow = tokio::time::sleep(std::time::Duration::from_millis(ms));
+        if ctl.until_killed(slow).await.is_err() {
+            return Err(gone());
+        }
+    }
     Ok(Intake { json, started })
 }
 
@@ -142,10 +148,32 @@ where
         return gone();
     };
     let summary = gen.finish();
-    if ctl.fault() == Fault::DieMidStream {
-        return streaming("application/json", dead_body());
+    match ctl.fault() {
+        Fault::DieMidStream => streaming("application/json", dead_body()),
+        Fault::CutChunked => cut_json(whole(text, &summary), false),
+        Fault::CutLength => cut_json(whole(text, &summary), true),
+        _ => json(StatusCode::OK, whole(text, &summary)),
     }
-    json(StatusCode::OK, whole(text, &summary))
+}
+
+/// A 200 JSON reply of which only the first half arrives before the connection is cut:
+/// chunked, or with the whole body's Content-Length declared.
+fn cut_json(v: Value, declare_length: bool) -> Response {
+    let full = serde_json::to_vec(&v).unwrap_or_default();
+    let len = full.len();
+    let half = Bytes::from(full).slice(..len / 2);
+    // The cut comes a moment later, so the first half is flushed to the client.
+    let cut = futures::stream::once(async {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        Err(super::stream::cut())
+    });
+    let parts = futures::stream::once(async { Ok(half) }).chain(cut);
+    let mut r = streaming("application/json", parts);
+    if declare_length {
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
+    }
+    r
 }
 
 #[cfg(test)]

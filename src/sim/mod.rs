@@ -34,11 +34,16 @@
 //!   `expires_at`; models never expire on a timer.
 //! - Faults: `Hang` applies to every path (requests are read, counted, never answered, until
 //!   the node cuts connections); `Status500` to inference paths only; `Refuse` also cuts open
-//!   connections; `DieMidStream` on a non-streaming request cuts the connection before any body.
+//!   connections; `DieMidStream` on a non-streaming request cuts the connection before any body;
+//!   `CutChunked` / `CutLength` send half a non-streaming JSON reply (chunked, or under its full
+//!   Content-Length) then cut; `SlowFirstByte(ms)` delays inference requests; `Flap(ms)` closes
+//!   and re-opens the listener every `ms`. `POST /_sim/fault` sets them at run time
+//!   (`fault_api.rs`).
 
 mod anthropic;
 mod control;
 mod engine;
+mod fault_api;
 mod http;
 mod models;
 mod net;
@@ -122,7 +127,9 @@ async fn health(State(ctl): State<Arc<SimControl>>) -> Response {
 pub const ALL_APIS: [Family; 3] = [Family::OpenAI, Family::Ollama, Family::Anthropic];
 
 fn router(ctl: Arc<SimControl>, serves: &[Family]) -> Router {
-    let mut r = Router::new().route("/health", get(health));
+    let mut r = Router::new()
+        .route("/health", get(health))
+        .route("/_sim/fault", get(fault_api::get).post(fault_api::set));
     if serves.contains(&Family::Ollama) {
         r = r
             .route("/", get(ollama_admin::root))

@@ -24,7 +24,7 @@ struct St<F> {
     index: usize,
 }
 
-fn cut() -> io::Error {
+pub(crate) fn cut() -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, "sim: died mid-stream")
 }
 

@@ -244,6 +244,8 @@ pub(super) struct Stream {
     client: Endpoint,
     ctx: Context,
     started: bool,
+    /// A tool call went by: the finish reason is `tool_calls`.
+    tools: bool,
 }
 
 impl Stream {
@@ -253,6 +255,7 @@ impl Stream {
             client,
             ctx,
             started: false,
+            tools: false,
         }
     }
 
@@ -287,6 +290,7 @@ impl StreamXlate for Stream {
                 delta.insert("content".into(), json!(text));
             }
             if v["message"]["tool_calls"].is_array() {
+                self.tools = true;
                 delta.insert(
                     "tool_calls".into(),
                     openai_calls(&v["message"]["tool_calls"]),
@@ -305,10 +309,14 @@ impl StreamXlate for Stream {
             }
         }
         if done {
+            let reason = match finish_reason(v) {
+                "stop" if self.tools => "tool_calls",
+                r => r,
+            };
             let choice = if self.chat {
-                json!({"index": 0, "delta": {}, "finish_reason": finish_reason(v)})
+                json!({"index": 0, "delta": {}, "finish_reason": reason})
             } else {
-                json!({"index": 0, "text": "", "finish_reason": finish_reason(v)})
+                json!({"index": 0, "text": "", "finish_reason": reason})
             };
             sse(out, None, &self.chunk(choice, Some(usage(v))));
         }

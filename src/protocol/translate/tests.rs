@@ -578,3 +578,17 @@ fn openai_chat_to_responses_whole_and_streamed() {
         (json!("get_weather"), json!(args))
     );
 }
+
+#[test]
+fn ollama_tool_call_stream_to_openai() {
+    let nd = concat!(
+        "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}}]},\"done\":false}\n",
+        "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done_reason\":\"stop\",\"done\":true,\"prompt_eval_count\":5,\"eval_count\":3}\n",
+    );
+    let ev = sse_data(&run(t(OpenAIChat, OllamaChat), 200, true, nd, 4));
+    let call = &ev[0].1["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert_eq!(call["id"], "call_0");
+    assert_eq!(ev[1].1["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(ev[2].1, json!("[DONE]"));
+}

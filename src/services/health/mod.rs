@@ -10,6 +10,7 @@
 mod llamacpp;
 mod ollama;
 mod openai;
+mod probe;
 mod vllm;
 
 use std::net::SocketAddr;
@@ -85,6 +86,14 @@ pub async fn poll_and_apply(fleet: &Fleet, client: &reqwest::Client, idx: usize)
             PollReport::Failed { error }
         }
     };
+    let probe = matches!(report, PollReport::Ok { .. })
+        && !cfg.protocols_fixed
+        && fleet.node(idx).live.lock().probed_families.is_none();
+    if probe {
+        let families = probe::families(client, cfg.backend, cfg.addr).await;
+        log::info!("node {}: speaks {families:?}", cfg.id);
+        fleet.node(idx).live.lock().probed_families = Some(families);
+    }
     let threshold = fleet.config().health.failures_before_offline;
     fleet.apply_poll(idx, report, threshold)
 }

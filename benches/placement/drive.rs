@@ -1,0 +1,349 @@
+//! One run: fresh simulated nodes, one placement policy (fleetgate in a mode, or a
+//! client-side baseline), the seeded trace replayed open-loop over Ollama `/api/chat`
+//! streams; what each request saw and what each node counted.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetgate::sim::{SimHandle, SimStats};
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::runtime::Runtime;
+
+use super::scenario::{gateway_yaml, Mode, Node, Scenario};
+use super::trace::{text, Trace};
+use crate::common;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// fleetgate; `None` mode: this build has no `routing.mode`, its default runs.
+    Fleetgate(Mode, bool),
+    RoundRobin,
+    LeastBusy,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Fleetgate(Mode::Completion, _) => "completion",
+            Policy::Fleetgate(Mode::Spec, _) => "spec-000",
+            Policy::RoundRobin => "round-robin",
+            Policy::LeastBusy => "least-busy",
+        }
+    }
+}
+
+/// What one request saw.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Planned send time from the start of the run.
+    pub at: Duration,
+    /// `s<i>` for a single shot, `c<i>.<turn>` for a conversation turn.
+    pub tag: String,
+    pub model: String,
+    pub prompt_tokens: u32,
+    /// Final status (0: transport error or cut stream).
+    pub status: u16,
+    /// Context-overflow answers seen (a baseline retries elsewhere after one).
+    pub context_errors: u32,
+    pub total: Duration,
+    pub ttft: Option<Duration>,
+    pub node: String,
+    /// From the node's final object: time spent loading the model, prompt tokens reused.
+    pub load_ms: f64,
+    pub cached: u32,
+    pub error: String,
+}
+
+pub struct RunData {
+    pub outcomes: Vec<Outcome>,
+    pub makespan: Duration,
+    /// Per node: id, seats, counters at the end of the run.
+    pub nodes: Vec<(String, u32, SimStats)>,
+}
+
+/// Picks where a request goes: the gateway, or a node by a client-side baseline over the
+/// nodes that have the model on disk (what `/api/tags` tells any client).
+struct Router {
+    policy: Policy,
+    gateway: Option<String>,
+    nodes: Vec<(String, String)>, // (id, base url)
+    holders: Vec<(String, Vec<usize>)>,
+    rr: Vec<AtomicUsize>,
+    in_flight: Vec<AtomicU32>,
+}
+
+impl Router {
+    /// The gateway, or a node not in `tried`; `None` when every holder has been tried.
+    fn pick(&self, model: &str, tried: &[usize]) -> Option<(String, Option<usize>)> {
+        if let Some(g) = &self.gateway {
+            return Some((g.clone(), None));
+        }
+        let k = self
+            .holders
+            .iter()
+            .position(|(m, _)| m == model)
+            .expect("scenario checks every model has a holder");
+        let on: Vec<usize> = self.holders[k]
+            .1
+            .iter()
+            .copied()
+            .filter(|i| !tried.contains(i))
+            .collect();
+        if on.is_empty() {
+            return None;
+        }
+        let start = self.rr[k].fetch_add(1, Ordering::Relaxed);
+        let i = match self.policy {
+            Policy::RoundRobin => on[start % on.len()],
+            // Fewest in flight (counted by this client); ties rotate.
+            _ => (0..on.len())
+                .map(|j| on[(start + j) % on.len()])
+                .min_by_key(|&i| self.in_flight[i].load(Ordering::Relaxed))
+                .expect("model has a holder"),
+        };
+        self.in_flight[i].fetch_add(1, Ordering::Relaxed);
+        Some((self.nodes[i].1.clone(), Some(i)))
+    }
+
+    fn done(&self, i: Option<usize>) {
+        if let Some(i) = i {
+            self.in_flight[i].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Send one chat; returns the outcome and the reply text. A client-side baseline that gets
+/// an error tries the next node that has the model (as LiteLLM's retries and context-window
+/// fallbacks do); the time of failed attempts counts in the request's total.
+async fn send(
+    client: &reqwest::Client,
+    router: &Router,
+    model: &str,
+    messages: &[Value],
+    (tag, prompt_tokens, output): (String, u32, u32),
+    t0: Instant,
+) -> (Outcome, String) {
+    let body = json!({"model": model, "messages": messages, "stream": true,
+        "options": {"num_predict": output}});
+    let start = Instant::now();
+    let mut o = Outcome {
+        at: start - t0,
+        tag,
+        model: model.to_string(),
+        prompt_tokens,
+        status: 0,
+        context_errors: 0,
+        total: Duration::ZERO,
+        ttft: None,
+        node: String::new(),
+        load_ms: 0.0,
+        cached: 0,
+        error: String::new(),
+    };
+    let mut reply = String::new();
+    let mut tried = Vec::new();
+    while let Some((base, idx)) = router.pick(model, &tried) {
+        o.node = idx.map(|i| router.nodes[i].0.clone()).unwrap_or_default();
+        attempt(client, &base, &body, start, &mut o, &mut reply).await;
+        router.done(idx);
+        match idx {
+            Some(i) if o.status != 200 => tried.push(i),
+            _ => break,
+        }
+    }
+    o.total = start.elapsed();
+    (o, reply)
+}
+
+async fn attempt(
+    client: &reqwest::Client,
+    base: &str,
+    body: &Value,
+    start: Instant,
+    o: &mut Outcome,
+    reply: &mut String,
+) {
+    match client
+        .post(format!("{base}/api/chat"))
+        .json(body)
+        .send()
+        .await
+    {
+        Err(e) => {
+            o.status = 0;
+            o.error = e.to_string();
+        }
+        Ok(r) => {
+            o.status = r.status().as_u16();
+            if let Some(n) = r
+                .headers()
+                .get("x-fleet-node")
+                .and_then(|v| v.to_str().ok())
+            {
+                o.node = n.to_string();
+            }
+            if o.status != 200 {
+                let b = r.text().await.unwrap_or_default();
+                o.context_errors += u32::from(b.contains("context"));
+                o.error = b.chars().take(160).collect();
+            } else {
+                o.error.clear();
+                read_stream(r, start, o, reply).await;
+            }
+        }
+    }
+}
+
+async fn read_stream(r: reqwest::Response, start: Instant, o: &mut Outcome, reply: &mut String) {
+    let mut s = r.bytes_stream();
+    let mut buf = Vec::new();
+    let mut done = false;
+    while let Some(chunk) = s.next().await {
+        let Ok(chunk) = chunk else {
+            o.error = "stream cut".into();
+            o.status = 0;
+            return;
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let Ok(v) = serde_json::from_slice::<Value>(&line) else {
+                continue;
+            };
+            if let Some(t) = v["message"]["content"].as_str().filter(|t| !t.is_empty()) {
+                o.ttft.get_or_insert_with(|| start.elapsed());
+                reply.push_str(t);
+            }
+            if v["done"] == true {
+                done = true;
+                o.load_ms = v["load_duration"].as_f64().unwrap_or(0.0) / 1e6;
+                let evaluated = v["prompt_eval_count"].as_u64().unwrap_or(0) as u32;
+                o.cached = o.prompt_tokens.saturating_sub(evaluated);
+            }
+        }
+    }
+    if !done {
+        o.error = "no final object".into();
+        o.status = 0;
+    }
+}
+
+/// Replay `trace` on a fresh fleet under `policy`.
+pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy) -> RunData {
+    let nodes: Vec<Node> = sc.nodes();
+    let sims: Vec<SimHandle> = nodes
+        .iter()
+        .map(|n| common::sim(rt, n.spec.clone()))
+        .collect();
+    let gw = match policy {
+        Policy::Fleetgate(mode, supported) => {
+            let yaml = gateway_yaml(&nodes, &sims, supported.then_some(mode));
+            let gw = common::Gateway::start(2, &yaml);
+            // Ready when every node has answered a poll.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !gw.fleet.nodes().iter().all(|n| n.live.lock().polled) {
+                assert!(Instant::now() < deadline, "gateway never polled the fleet");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Some(gw)
+        }
+        _ => None,
+    };
+    let mut holders: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for m in &n.spec.models {
+            match holders.iter_mut().find(|(x, _)| *x == m.name) {
+                Some((_, v)) => v.push(i),
+                None => holders.push((m.name.clone(), vec![i])),
+            }
+        }
+    }
+    let router = Arc::new(Router {
+        policy,
+        gateway: gw.as_ref().map(|g| g.base()),
+        nodes: nodes
+            .iter()
+            .zip(&sims)
+            .map(|(n, s)| (n.id.clone(), format!("http://{}", s.addr())))
+            .collect(),
+        rr: holders.iter().map(|_| AtomicUsize::new(0)).collect(),
+        in_flight: nodes.iter().map(|_| AtomicU32::new(0)).collect(),
+        holders,
+    });
+    let client = common::client(Duration::from_secs(120));
+    let t0 = Instant::now();
+    let outcomes = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for e in &sc.events {
+            let i = nodes.iter().position(|n| n.id == e.node).expect("validated");
+            let (ctl, f, at) = (sims[i].control(), e.slowdown, e.at_s);
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
+                ctl.set_slowdown(f);
+                Vec::new()
+            }));
+        }
+        for (i, s) in trace.shots.iter().enumerate() {
+            let (client, router, s) = (client.clone(), router.clone(), s.clone());
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until((t0 + s.at).into()).await;
+                let tag = format!("s{i}");
+                let msgs = [json!({"role": "user", "content": text(&tag, s.prompt_tokens.saturating_sub(4))})];
+                let what = (tag, s.prompt_tokens, s.output);
+                vec![send(&client, &router, &s.model, &msgs, what, t0).await.0]
+            }));
+        }
+        for (c, chat) in trace.chats.iter().enumerate() {
+            let (client, router, chat) = (client.clone(), router.clone(), chat.clone());
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until((t0 + chat.start).into()).await;
+                let sys = text(&format!("c{c} system"), chat.system_tokens.saturating_sub(4));
+                let mut msgs = vec![json!({"role": "system", "content": sys})];
+                let mut prompt = chat.system_tokens;
+                let mut out = Vec::new();
+                for (k, (user, output, think)) in chat.turns.iter().enumerate() {
+                    let tag = format!("c{c}.{k}");
+                    msgs.push(json!({"role": "user", "content": text(&tag, user.saturating_sub(4))}));
+                    prompt += (*user).max(4);
+                    let what = (tag, prompt, *output);
+                    let (o, reply) = send(&client, &router, &chat.model, &msgs, what, t0).await;
+                    out.push(o);
+                    let reply_tokens = sim_tokens(&reply);
+                    msgs.push(json!({"role": "assistant", "content": reply}));
+                    prompt += reply_tokens + 4;
+                    tokio::time::sleep(*think).await;
+                }
+                out
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("request task"));
+        }
+        all
+    });
+    let makespan = t0.elapsed();
+    drop(gw);
+    let data = RunData {
+        outcomes,
+        makespan,
+        nodes: nodes
+            .iter()
+            .zip(&sims)
+            .map(|(n, s)| (n.id.clone(), n.spec.seats, s.control().stats()))
+            .collect(),
+    };
+    rt.block_on(async {
+        for s in sims {
+            s.shutdown().await;
+        }
+    });
+    data
+}
+
+/// Tokens the sim counts for a text: chars / 4, rounded up.
+fn sim_tokens(t: &str) -> u32 {
+    t.chars().count().div_ceil(4) as u32
+}

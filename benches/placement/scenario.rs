@@ -1,0 +1,220 @@
+//! A placement scenario as written in `benches/scenarios/*.yaml`: the simulated fleet (full
+//! physics), the request mix, conversations, bursts and run-time events; and the gateway
+//! config it generates, which tells fleetgate only what a user knows.
+
+use std::path::Path;
+
+use fleetgate::sim::{SimHandle, SimSpec};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    /// One line on what the scenario stresses.
+    pub about: String,
+    /// Trace seed; run `i` uses `seed + i`.
+    pub seed: u64,
+    /// Open-loop arrivals last this long (seconds); the run ends when every request is done.
+    pub duration_s: f64,
+    /// Poisson arrival rate of the open-loop mix, requests per second.
+    #[serde(default)]
+    pub rate_per_s: f64,
+    #[serde(default)]
+    pub mix: Vec<Class>,
+    #[serde(default)]
+    pub bursts: Vec<Burst>,
+    #[serde(default)]
+    pub conversations: Option<Conversations>,
+    #[serde(default)]
+    pub events: Vec<Event>,
+    pub nodes: Vec<NodeDef>,
+}
+
+/// One kind of single-shot request; prompt lengths are drawn log-uniform in `prompt`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Class {
+    pub model: String,
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Prompt tokens, [low, high].
+    pub prompt: [u32; 2],
+    /// Output tokens (the request's `num_predict`), [low, high], uniform.
+    pub output: [u32; 2],
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `count` requests of `class` arriving together at `at_s`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Burst {
+    pub at_s: f64,
+    pub count: usize,
+    pub class: Class,
+}
+
+/// Multi-turn chats: each turn resends the whole history (system prompt, earlier turns and
+/// the replies the client got), sent without any conversation header.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conversations {
+    pub count: usize,
+    pub turns: usize,
+    pub model: String,
+    /// System prompt tokens (distinct per conversation).
+    pub system: u32,
+    /// New user tokens per turn, [low, high].
+    pub turn: [u32; 2],
+    pub output: [u32; 2],
+    /// Pause between a reply and the next turn, ms, [low, high].
+    pub think_ms: [u64; 2],
+    /// Conversations start uniformly within this many seconds.
+    pub start_within_s: f64,
+}
+
+/// A change applied to a node during the run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    pub at_s: f64,
+    /// Node id (a replica's full id, e.g. `gpu-3`).
+    pub node: String,
+    /// New slowdown factor of the node's compute (1 = normal).
+    pub slowdown: f64,
+}
+
+/// A node of the fleet, or `replicas` identical ones named `<id>-1` .. `<id>-n`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDef {
+    pub id: String,
+    #[serde(default)]
+    pub replicas: Option<usize>,
+    pub sim: SimSpec,
+}
+
+/// One concrete node: its id and simulated hardware.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: String,
+    pub spec: SimSpec,
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> Result<Scenario, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let s: Scenario =
+            serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        s.validate()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let nodes = self.nodes();
+        for n in &nodes {
+            n.spec
+                .validate()
+                .map_err(|e| format!("node {}: {e}", n.id))?;
+        }
+        let models = self
+            .mix
+            .iter()
+            .chain(self.bursts.iter().map(|b| &b.class))
+            .map(|c| c.model.as_str())
+            .chain(self.conversations.iter().map(|c| c.model.as_str()));
+        for m in models {
+            if !nodes
+                .iter()
+                .any(|n| n.spec.models.iter().any(|x| x.name == m))
+            {
+                return Err(format!("model '{m}' is on no node"));
+            }
+        }
+        for e in &self.events {
+            if !nodes.iter().any(|n| n.id == e.node) {
+                return Err(format!("event for unknown node '{}'", e.node));
+            }
+        }
+        if self.rate_per_s > 0.0 && self.mix.is_empty() {
+            return Err("rate_per_s > 0 needs a mix".into());
+        }
+        Ok(())
+    }
+
+    /// Every concrete node, replicas expanded (each replica gets its own seed).
+    pub fn nodes(&self) -> Vec<Node> {
+        let mut out = Vec::new();
+        for d in &self.nodes {
+            match d.replicas {
+                None => out.push(Node {
+                    id: d.id.clone(),
+                    spec: d.sim.clone(),
+                }),
+                Some(n) => {
+                    for i in 1..=n {
+                        let mut spec = d.sim.clone();
+                        spec.seed = spec.seed.wrapping_add(i as u64);
+                        out.push(Node {
+                            id: format!("{}-{i}", d.id),
+                            spec,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// How fleetgate is run: the routing mode to set, if this build knows `routing.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Completion,
+    Spec,
+}
+
+impl Mode {
+    pub fn key(self) -> &'static str {
+        match self {
+            Mode::Completion => "completion",
+            Mode::Spec => "spec",
+        }
+    }
+}
+
+/// The gateway config for the running fleet: per node only its URL, `backend: ollama`, seats
+/// and memory (what a user knows); models, windows, speeds and what is loaded fleetgate must
+/// find out itself. The scenarios run ~10x faster than life, so the two timers a user would
+/// tune to their fleet are scaled like it: health polls every 500 ms (default 5 s), a request
+/// no node can take now waits at most 3 s (default 30 s), a queued one 30 s (default 300 s).
+/// `mode`: `None` when this build has no `routing.mode` (the default placement runs).
+pub fn gateway_yaml(nodes: &[Node], sims: &[SimHandle], mode: Option<Mode>) -> String {
+    let mut y = String::from(
+        "health:\n  poll_interval_ms: 500\nqueue:\n  holding_timeout_s: 3\n  max_wait_s: 30\n",
+    );
+    if let Some(m) = mode {
+        y += &format!("routing:\n  mode: {}\n  prefix_affinity: true\n", m.key());
+    }
+    y += "fleet:\n  nodes:\n";
+    for (n, s) in nodes.iter().zip(sims) {
+        y += &format!(
+            "    - id: {}\n      url: http://{}\n      backend: ollama\n      capacity: {}\n      memory_gb: {}\n",
+            n.id,
+            s.addr(),
+            n.spec.seats,
+            n.spec.memory_gb
+        );
+    }
+    y
+}
+
+/// Whether this build's config accepts `routing.mode` (the completion-time work has landed).
+pub fn modes_supported() -> bool {
+    let y = "server:\n  listen: 127.0.0.1:1\n  admin_listen: 127.0.0.1:0\nrouting:\n  mode: completion\n  prefix_affinity: true\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:2\n      backend: ollama\n";
+    fleetgate::config::Config::from_yaml(y).is_ok()
+}

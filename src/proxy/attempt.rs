@@ -1,0 +1,240 @@
+//! One attempt of a dispatched request: a subrequest to the chosen node, watched for its first
+//! byte, for stalls between chunks and for the node going offline (`watch.rs`). Non-streaming
+//! replies are held until complete, so a reply cut mid-body never reaches the client as a
+//! clean 200: it is retried elsewhere, or answered with an error.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use pingora::{Error, ErrorType, Result};
+use pingora_core::protocols::http::HttpTask;
+use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
+use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
+use pingora_proxy::Session;
+
+use super::dispatch::Dispatch;
+use super::{framing, respond, watch};
+use crate::fleet::Fleet;
+use crate::protocol::{self, ErrorCode};
+
+/// How an attempt ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The client has its answer: whole, or a stream ended with its protocol's error event.
+    Answered,
+    /// Nothing reached the client: the request may go to another node.
+    Unsent,
+}
+
+enum Piped {
+    Done(
+        Result<(), Box<Error>>,
+        Option<tokio::sync::mpsc::Receiver<HttpTask>>,
+    ),
+    Stalled(String),
+}
+
+/// Run the subrequest for `d`'s current choice and pipe (or hold, then write) its response.
+pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Result<Ended> {
+    let Some(spawner) = session.subrequest_spawner.as_ref() else {
+        let family = d.endpoint.family();
+        let (code, msg) = (ErrorCode::UpstreamError, "subrequests disabled");
+        respond::error(session, family, code, msg).await?;
+        return Ok(Ended::Answered);
+    };
+    let ctx = SubCtx::builder()
+        .user_ctx(Box::new(d.clone()))
+        .body_mode(BodyMode::ExpectBody)
+        .build();
+    let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
+    let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
+    let cap = fleet.config().limits.max_body_bytes;
+    let mut held: Vec<HttpTask> = Vec::new();
+    let mut held_bytes = 0usize;
+    let stream = d.stream;
+    let http10 = session.req_header().version == http::Version::HTTP_10;
+    if http10 {
+        session.set_keepalive(None);
+    }
+    // Non-JSON node errors are held back for `reshaped_error`; HTTP/1.0 gets no chunking.
+    let mut frame = framing::client_filter(d.clone(), http10);
+    let filter = |t: HttpTask| -> Result<Option<HttpTask>> {
+        let Some(t) = frame(t)? else {
+            return Ok(None);
+        };
+        if stream {
+            return Ok(Some(t));
+        }
+        match t {
+            HttpTask::Failed(e) => Err(e),
+            t => {
+                if let HttpTask::Body(Some(b), _) = &t {
+                    held_bytes += b.len();
+                    if held_bytes > cap {
+                        return Error::e_explain(
+                            ErrorType::InternalError,
+                            format!("non-streaming reply larger than {cap} bytes"),
+                        );
+                    }
+                }
+                held.push(t);
+                Ok(None)
+            }
+        }
+    };
+    let piped = {
+        let pipe = pipe_subrequest(session, sub, handle, filter, input);
+        tokio::select! {
+            r = pipe => match r {
+                Ok(mut state) => {
+                    if let Some(j) = state.join_handle.take() {
+                        let _ = j.await;
+                    }
+                    Piped::Done(Ok(()), None)
+                }
+                Err(mut e) => Piped::Done(Err(e.error), e.state.pipe_rx.take()),
+            },
+            why = watch::stalled(fleet, d, Instant::now()) => Piped::Stalled(why),
+        }
+    };
+    if let Piped::Done(Ok(()), _) = &piped {
+        if let Some((status, body)) = framing::reshaped_error(d) {
+            let node = Some(d.choice().node_id.as_str());
+            d.state.lock().body_bytes = body.len();
+            respond::json_from(session, status, body, None, node).await?;
+            return Ok(Ended::Answered);
+        }
+    }
+    match piped {
+        Piped::Done(Err(e), _) if stream && *e.esource() == pingora::ErrorSource::Downstream => {
+            // The client went away: not the node's fault, and nobody to tell.
+            note(d, "client closed the connection".into());
+            Ok(Ended::Answered)
+        }
+        Piped::Done(Ok(()), _) if stream => Ok(Ended::Answered),
+        Piped::Done(Ok(()), _) => {
+            if d.state.lock().upstream_error || !complete(&held) {
+                note(d, "the node's reply ended before it was complete".into());
+                return Ok(Ended::Unsent);
+            }
+            session.write_response_tasks(held).await?;
+            Ok(Ended::Answered)
+        }
+        Piped::Done(Err(e), leftovers) => {
+            note(d, e.to_string());
+            if !stream {
+                return Ok(Ended::Unsent);
+            }
+            // The failure can overtake response parts the node did send: forward those first.
+            if let Some(rx) = leftovers {
+                forward_leftovers(session, rx).await;
+            }
+            end_stream_if_begun(session, d).await
+        }
+        Piped::Stalled(why) => {
+            {
+                let mut st = d.state.lock();
+                st.upstream_error = true;
+                st.error = Some(why);
+            }
+            end_stream_if_begun(session, d).await
+        }
+    }
+}
+
+/// A held response is complete when its last task ends it.
+fn complete(held: &[HttpTask]) -> bool {
+    matches!(held.first(), Some(HttpTask::Header(..))) && held.iter().any(HttpTask::is_end)
+}
+
+fn note(d: &Dispatch, err: String) {
+    let mut st = d.state.lock();
+    if st.error.is_none() {
+        st.error = Some(err);
+    }
+}
+
+/// A stream whose response began cannot move: end it with the protocol's error event.
+async fn end_stream_if_begun(session: &mut Session, d: &Dispatch) -> Result<Ended> {
+    if session.response_written().is_none() {
+        return Ok(Ended::Unsent);
+    }
+    let err = {
+        let mut st = d.state.lock();
+        st.code = Some(ErrorCode::UpstreamError);
+        st.error.clone().unwrap_or_default()
+    };
+    if d.stream {
+        let msg = format!("node {} failed mid-stream: {err}", d.choice().node_id);
+        let chunk = protocol::stream_error_chunk(d.endpoint, ErrorCode::UpstreamError, &msg);
+        let _ = session.write_response_body(Some(chunk), true).await;
+    } else {
+        // Never a clean end for a cut body: the client must notice.
+        session.set_keepalive(None);
+        return Error::e_explain(ErrorType::ConnectionClosed, "non-streaming reply cut");
+    }
+    Ok(Ended::Answered)
+}
+
+/// Answer a request that nothing was sent to the client for, after its last attempt.
+pub async fn answer_unsent(session: &mut Session, d: &Dispatch, also: Option<&str>) -> Result<()> {
+    let (unreachable, err) = {
+        let st = d.state.lock();
+        (
+            st.unreachable,
+            st.error.clone().unwrap_or_else(|| "upstream failed".into()),
+        )
+    };
+    let also = also.map(|a| format!("; {a}")).unwrap_or_default();
+    let (code, msg) = if unreachable {
+        (
+            ErrorCode::NoProviderAvailable,
+            format!("no node could be reached: {err}{also}"),
+        )
+    } else {
+        (
+            ErrorCode::UpstreamError,
+            format!("node {} failed: {err}{also}", d.choice().node_id),
+        )
+    };
+    let body = protocol::error_body(d.endpoint.family(), code, &msg);
+    {
+        let mut st = d.state.lock();
+        st.status = Some(code.status());
+        st.code = Some(code);
+        st.body_bytes = body.len();
+    }
+    let node = Some(d.choice().node_id.as_str());
+    respond::json_from(
+        session,
+        code.status(),
+        body,
+        respond::retry_after(code),
+        node,
+    )
+    .await
+}
+
+/// Write the response header and body parts still in the pipe after a subrequest failed.
+async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
+    let mut tasks = Vec::new();
+    let drain = async {
+        while let Some(t) = rx.recv().await {
+            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
+                tasks.push(t);
+            }
+        }
+    };
+    // The subrequest reports its failure last, so the pipe closes right after.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+    let tasks: Vec<HttpTask> = tasks
+        .into_iter()
+        .map(|t| match t {
+            HttpTask::Body(b, _) => HttpTask::Body(b, false),
+            t => t,
+        })
+        .collect();
+    if !tasks.is_empty() {
+        let _ = session.write_response_tasks(tasks).await;
+    }
+}
