@@ -19,7 +19,6 @@ pub mod observe;
 mod outcome;
 mod place;
 mod respond;
-mod stale;
 mod watch;
 mod xlate;
 
@@ -273,30 +272,6 @@ impl ProxyHttp for Gateway {
             log::debug!("client went away: {e}");
         }
         client
-    }
-
-    fn error_while_proxy(
-        &self,
-        peer: &HttpPeer,
-        session: &mut Session,
-        e: Box<Error>,
-        ctx: &mut RequestCtx,
-        client_reused: bool,
-    ) -> Box<Error> {
-        let mut e = e.more_context(format!("Peer: {peer}"));
-        let replayable = !session.as_ref().retry_buffer_truncated();
-        let stale = ctx
-            .dispatch
-            .as_ref()
-            .is_some_and(|d| stale::retry(d, &e, client_reused && replayable));
-        if stale {
-            e.set_retry(true);
-        } else if !session.req_header().method.is_idempotent() || !replayable {
-            e.set_retry(false);
-        } else {
-            e.retry.decide_reuse(client_reused);
-        }
-        e
     }
 
     async fn fail_to_proxy(
