@@ -4,8 +4,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use fleetgate::routing::{
-    decide, Family, FleetView, Learning, Loads, ModelLoad, ModelView, NodeView, Policy,
-    RouteRequest, Tier,
+    decide, Family, FleetView, Learning, Loads, Mode, ModelLoad, ModelView, NodeView, Policy,
+    Rates, RouteRequest, Tier,
 };
 
 const MODELS: [&str; 6] = [
@@ -72,6 +72,7 @@ fn fleet(n: usize) -> FleetView {
 struct FlatLoads {
     node: Vec<u32>,
     model: Vec<ModelLoad>,
+    rates: Vec<Rates>,
 }
 
 impl FlatLoads {
@@ -84,9 +85,22 @@ impl FlatLoads {
                 observed_tps: (i % 3 == 1).then_some(35.0),
             })
             .collect();
+        let rates = (0..n)
+            .map(|i| Rates {
+                prefill_tps: (i % 4 != 3).then_some(800.0 + i as f64),
+                decode_spt: (i % 4 != 3).then_some(0.02 + (i % 7) as f64 * 0.002),
+                decode_spt_per_stream: 0.003,
+                service_s: (i % 4 != 3).then_some(5.0),
+                output_tokens: Some(300.0),
+                observed: 10,
+                last_ms: Some(3_600_000 - (i as u64 % 90) * 1_000),
+                ..Rates::default()
+            })
+            .collect();
         FlatLoads {
             node: (0..n).map(|i| (i % 4) as u32).collect(),
             model,
+            rates,
         }
     }
 }
@@ -98,14 +112,23 @@ impl Loads for FlatLoads {
     fn model(&self, node: usize, _model: &str) -> ModelLoad {
         self.model[node]
     }
+    fn rates(&self, node: usize, _model: &str) -> Rates {
+        self.rates[node]
+    }
 }
 
 fn bench_decide(c: &mut Criterion) {
+    bench_mode(c, "decide", Mode::Spec);
+    bench_mode(c, "decide_completion", Mode::Completion);
+}
+
+fn bench_mode(c: &mut Criterion, name: &str, mode: Mode) {
     let policy = Policy {
         provisional_pool_cap: Some(2),
+        mode,
         ..Policy::default()
     };
-    let mut group = c.benchmark_group("decide");
+    let mut group = c.benchmark_group(name);
     for &n in &[10usize, 100, 1000] {
         let fleet = fleet(n);
         let loads = FlatLoads::new(n);
@@ -115,6 +138,7 @@ fn bench_decide(c: &mut Criterion) {
                 family: Some(Family::OpenAI),
                 prompt_tokens: 3_000,
                 affinity_key: Some(0x5eed),
+                cached_prefix_tokens: 2_000,
                 ..RouteRequest::default()
             };
             group.bench_with_input(BenchmarkId::new(format!("{m}_models"), n), &n, |b, _| {

@@ -15,7 +15,8 @@
 //!
 //! `cargo bench --bench placement`  (3 runs per scenario);
 //! `cargo bench --bench placement -- --quick` (or `FLEETGATE_BENCH_QUICK=1`): one run;
-//! `-- --only home-lab,slowdown` some scenarios; `-- --trace` (or `FLEETGATE_BENCH_TRACE=1`)
+//! `-- --only home-lab,slowdown` some scenarios, `-- --policies completion,spec-000` some
+//! policies (the others show zeros); `-- --trace` (or `FLEETGATE_BENCH_TRACE=1`)
 //! also prints every request (node, cached tokens, load, TTFT, total).
 
 mod common;
@@ -37,6 +38,7 @@ use scenario::{Mode, Scenario};
 struct Args {
     runs: usize,
     only: Option<Vec<String>>,
+    policies: Option<Vec<String>>,
     trace: bool,
 }
 
@@ -44,14 +46,16 @@ fn args() -> Args {
     let argv: Vec<String> = std::env::args().collect();
     let env_on = |k: &str| std::env::var(k).is_ok_and(|v| v != "0" && !v.is_empty());
     let quick = argv.iter().any(|a| a == "--quick") || env_on("FLEETGATE_BENCH_QUICK");
-    let only = argv
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| argv.get(i + 1))
-        .map(|s| s.split(',').map(str::to_string).collect());
+    let list = |flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1))
+            .map(|s| s.split(',').map(str::to_string).collect())
+    };
     Args {
         runs: if quick { 1 } else { common::scaled(3, 1) },
-        only,
+        only: list("--only"),
+        policies: list("--policies"),
         trace: argv.iter().any(|a| a == "--trace") || env_on("FLEETGATE_BENCH_TRACE"),
     }
 }
@@ -76,6 +80,15 @@ fn main() {
         return;
     }
     let a = args();
+    println!(
+        "placement bench ({} build), {} run(s) per scenario",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        a.runs
+    );
     let supported = scenario::modes_supported();
     if !supported {
         println!(
@@ -103,6 +116,11 @@ fn main() {
             );
             for k in 0..policies.len() {
                 let pi = (k + run) % policies.len();
+                let name = policies[pi].name().to_string();
+                if a.policies.as_ref().is_some_and(|p| !p.contains(&name)) {
+                    per[pi].push(Figures::default());
+                    continue;
+                }
                 let d = drive::run(&rt, &sc, &tr, policies[pi]);
                 if a.trace {
                     for l in report::trace_lines(policies[pi].name(), &d) {

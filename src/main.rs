@@ -35,7 +35,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway (default).
-    Run,
+    Run {
+        /// Zero-downtime upgrade: take the listening sockets from the running gateway (over
+        /// server.upgrade_sock); then send the old one SIGQUIT.
+        #[arg(long, short = 'u')]
+        upgrade: bool,
+    },
     /// Validate config files; exit 64 with every problem named.
     Check { files: Vec<PathBuf> },
     /// Run the simulated nodes a config file describes (`backend: sim` nodes with a `sim:` block).
@@ -72,8 +77,8 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => run(&cli.config),
+    match cli.command.unwrap_or(Command::Run { upgrade: false }) {
+        Command::Run { upgrade } => run(&cli.config, upgrade),
         Command::Check { files } => check(&files),
         Command::Sim => sim(&cli.config),
         Command::Agent(args) => agent(&cli.config, &args),
@@ -86,7 +91,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(path: &Path) -> ExitCode {
+fn run(path: &Path, upgrade: bool) -> ExitCode {
     let config = match load(path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -99,7 +104,7 @@ fn run(path: &Path) -> ExitCode {
         Err(e) => log::warn!("open-files limit: cannot raise: {e}"),
     }
     let (listen, nodes) = (config.listen, config.nodes.len());
-    match fleetgate::server::prepare(config) {
+    match fleetgate::server::prepare_with(config, upgrade) {
         Ok(p) => {
             p.fleet.set_config_path(path.to_path_buf());
             log::info!(

@@ -51,6 +51,13 @@ pub struct Prepared {
 /// Build everything, start `backend: sim` nodes that carry a `sim:` block, and poll the fleet
 /// once so the first request is routed on real state.
 pub fn prepare(config: Config) -> Result<Prepared, StartError> {
+    prepare_with(config, false)
+}
+
+/// As `prepare`; with `upgrade`, take the listening sockets from the running process over
+/// `server.upgrade_sock` (Pingora's zero-downtime upgrade: start this, then SIGQUIT the old
+/// one). The admin listener is bound once the old process has let it go.
+pub fn prepare_with(config: Config, upgrade: bool) -> Result<Prepared, StartError> {
     let config = Arc::new(config);
     start_sim_nodes(&config)?;
     let fleet = Fleet::new(config.clone());
@@ -58,6 +65,11 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         Ok(0) => {}
         Ok(n) => log::info!("capacity learner: restored {n} node(s)"),
         Err(e) => log::warn!("capacity learner: starting fresh: {e}"),
+    }
+    match fleet.load_rates() {
+        Ok(0) => {}
+        Ok(n) => log::info!("learned rates: restored {n} node:model pair(s)"),
+        Err(e) => log::warn!("learned rates: starting from priors: {e}"),
     }
     let access_log =
         AccessLog::open(config.access_log.target.as_ref()).map_err(StartError::AccessLog)?;
@@ -72,13 +84,18 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
 
     let conf = ServerConf {
         threads: config.threads,
+        upgrade_sock: config.upgrade_sock.clone(),
         // `services::shutdown::Drain` ends what is left at the grace period; Pingora's own
         // (a plain sleep) is the backstop after it.
         grace_period_seconds: Some(config.grace_period_s + 2),
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = pingora::server::configuration::Opt {
+        upgrade,
+        ..Default::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
     server.bootstrap();
 
     crate::clients::register_metrics();
@@ -126,16 +143,18 @@ pub fn prepare(config: Config) -> Result<Prepared, StartError> {
         crate::services::reload::ReloadOnHangup::new(fleet.clone()),
     ));
 
-    let admin = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
-        addr: config.admin_listen.to_string(),
-        source,
-    })?;
-    let admin_addr = admin.local_addr().map_err(StartError::Runtime)?;
+    let admin = if upgrade {
+        AdminService::when_free(fleet.clone(), config.admin_listen)
+    } else {
+        let l = TcpListener::bind(config.admin_listen).map_err(|source| StartError::AdminBind {
+            addr: config.admin_listen.to_string(),
+            source,
+        })?;
+        AdminService::new(fleet.clone(), l)
+    };
+    let admin_addr = admin.addr().map_err(StartError::Runtime)?;
     fleet.clients.set_listeners(vec![config.listen, admin_addr]);
-    server.add_service(background_service(
-        "admin",
-        AdminService::new(fleet.clone(), admin),
-    ));
+    server.add_service(background_service("admin", admin));
 
     Ok(Prepared {
         server,

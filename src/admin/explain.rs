@@ -27,6 +27,8 @@ pub fn routes() -> Router<Arc<Fleet>> {
 #[derive(Debug, Serialize)]
 pub struct Report<'a> {
     pub endpoint: &'static str,
+    /// `spec` (points, higher wins) or `completion` (predicted seconds, lower wins).
+    pub mode: routing::Mode,
     pub models: &'a [String],
     pub prompt_tokens: u32,
     pub max_output_tokens: Option<u32>,
@@ -45,9 +47,11 @@ impl<'a> Report<'a> {
         req: &'a RouteRequest,
         decision: &'a routing::Decision,
         view: &'a routing::FleetView,
+        mode: routing::Mode,
     ) -> Report<'a> {
         Report {
             endpoint: ep.label(),
+            mode,
             models: &req.models,
             prompt_tokens: req.prompt_tokens,
             max_output_tokens: req.max_output_tokens,
@@ -72,22 +76,30 @@ impl<'a> Report<'a> {
             self.max_output_tokens,
             self.required_tags
         );
-        out.push_str(&format!(
-            "{:<16} {:<22} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} {:>6} {:>5} {:>5}\n",
-            "node",
-            "model",
-            "total",
-            "warm",
-            "fit",
-            "queue",
-            "wait",
-            "role",
-            "avail",
-            "ctx",
-            "sess",
-            "tier",
-            "load"
-        ));
+        let predicted = self
+            .table
+            .iter()
+            .any(|r| matches!(r.verdict, Verdict::Predicted { .. }));
+        if predicted {
+            out.push_str(&completion_header());
+        } else {
+            out.push_str(&format!(
+                "{:<16} {:<22} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} {:>6} {:>5} {:>5}\n",
+                "node",
+                "model",
+                "total",
+                "warm",
+                "fit",
+                "queue",
+                "wait",
+                "role",
+                "avail",
+                "ctx",
+                "sess",
+                "tier",
+                "load"
+            ));
+        }
         for row in &self.table {
             match row.verdict {
                 Verdict::Eliminated { reason } => {
@@ -109,14 +121,20 @@ impl<'a> Report<'a> {
                     s.tier + 0.0,
                     s.load + 0.0
                 )),
+                Verdict::Predicted { prediction: p } => {
+                    out.push_str(&completion_row(row.node, row.model, p))
+                }
             }
         }
         match (self.winner, self.no_route) {
             (Some(w), _) => out.push_str(&format!(
-                "winner: {} {} score {:.1}{}{}\n",
+                "winner: {} {} {}{}{}\n",
                 w.node_id,
                 w.model,
-                w.score,
+                match w.predicted_s {
+                    Some(t) => format!("predicted {t:.2} s"),
+                    None => format!("score {:.1}", w.score),
+                },
                 if w.fallback { " (fallback)" } else { "" },
                 if w.cold { " (cold load)" } else { "" }
             )),
@@ -127,6 +145,46 @@ impl<'a> Report<'a> {
     }
 }
 
+/// Column titles of completion mode's table: the terms (seconds), then the rates behind them.
+fn completion_header() -> String {
+    format!(
+        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>7} {:>7} {:>5}\n",
+        "node",
+        "model",
+        "total_s",
+        "wait",
+        "load",
+        "prefill",
+        "decode",
+        "ahead",
+        "cached",
+        "pf_tok/s",
+        "tok/s",
+        "svc_s",
+        "seen"
+    )
+}
+
+fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
+    format!(
+        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8.0} {:>7.1} {:>7.2} {:>4}{}\n",
+        node,
+        model,
+        p.total_s,
+        p.wait_s,
+        p.load_s,
+        p.prefill_s,
+        p.decode_s,
+        p.ahead,
+        p.cached_tokens,
+        p.prefill_tps,
+        p.decode_tps,
+        p.service_s,
+        p.observed,
+        if p.explored { "*" } else { " " }
+    )
+}
+
 /// Explain a request body for `path` (an API path such as `/v1/chat/completions`).
 pub fn explain_json(
     fleet: &Fleet,
@@ -135,7 +193,8 @@ pub fn explain_json(
     body: &[u8],
 ) -> Result<serde_json::Value, String> {
     let (ep, req, decision, view) = decide_for(fleet, path, headers, body)?;
-    serde_json::to_value(Report::new(ep, &req, &decision, &view)).map_err(|e| e.to_string())
+    let mode = fleet.config().routing.policy.mode;
+    serde_json::to_value(Report::new(ep, &req, &decision, &view, mode)).map_err(|e| e.to_string())
 }
 
 /// What the proxy would decide for `body` on `path` now: intake and `routing::decide`, with
@@ -227,7 +286,8 @@ pub fn explain_offline(
     let path = path.unwrap_or_else(|| default_path(body));
     let h = RequestHeader::build("POST", path.as_bytes(), None).map_err(|e| e.to_string())?;
     let (ep, req, decision, view) = decide_for(&fleet, path, &h, body)?;
-    let report = Report::new(ep, &req, &decision, &view);
+    let mode = fleet.config().routing.policy.mode;
+    let report = Report::new(ep, &req, &decision, &view, mode);
     if json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())
     } else {

@@ -26,6 +26,8 @@ use crate::fleet::Fleet;
 pub struct AdminService {
     fleet: Arc<Fleet>,
     listener: Mutex<Option<TcpListener>>,
+    /// During an upgrade: the address to bind once the old process lets it go.
+    pending: Option<std::net::SocketAddr>,
 }
 
 impl AdminService {
@@ -33,6 +35,47 @@ impl AdminService {
         AdminService {
             fleet,
             listener: Mutex::new(Some(listener)),
+            pending: None,
+        }
+    }
+
+    /// Bind `addr` as soon as it is free (a zero-downtime upgrade: the old process holds it
+    /// until it exits).
+    pub fn when_free(fleet: Arc<Fleet>, addr: std::net::SocketAddr) -> AdminService {
+        AdminService {
+            fleet,
+            listener: Mutex::new(None),
+            pending: Some(addr),
+        }
+    }
+
+    /// The address it serves on.
+    pub fn addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        match (&*self.listener.lock(), self.pending) {
+            (Some(l), _) => l.local_addr(),
+            (None, Some(a)) => Ok(a),
+            (None, None) => Err(std::io::Error::other("admin listener already taken")),
+        }
+    }
+
+    async fn bind_when_free(&self, shutdown: &mut ShutdownWatch) -> Option<TcpListener> {
+        let addr = self.pending?;
+        loop {
+            match TcpListener::bind(addr) {
+                Ok(l) => {
+                    log::info!("admin listener {addr} taken over");
+                    return Some(l);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {}
+                Err(e) => {
+                    log::error!("admin listener {addr}: {e}");
+                    return None;
+                }
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return None,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            }
         }
     }
 }
@@ -74,7 +117,11 @@ async fn queue(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
 #[async_trait]
 impl BackgroundService for AdminService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let Some(std_listener) = self.listener.lock().take() else {
+        let taken = self.listener.lock().take();
+        let Some(std_listener) = (match taken {
+            Some(l) => Some(l),
+            None => self.bind_when_free(&mut shutdown).await,
+        }) else {
             return;
         };
         let listener = match std_listener

@@ -57,6 +57,8 @@ pub struct ServerFile {
     pub threads: usize,
     pub admin_token: Option<String>,
     pub grace_period_s: u64,
+    /// Unix socket a new process (`fleetgate run --upgrade`) takes the listening sockets from.
+    pub upgrade_sock: String,
 }
 
 impl Default for ServerFile {
@@ -67,6 +69,7 @@ impl Default for ServerFile {
             threads: 2,
             admin_token: None,
             grace_period_s: 30,
+            upgrade_sock: "/tmp/fleetgate_upgrade.sock".into(),
         }
     }
 }
@@ -200,6 +203,10 @@ pub struct RoutingFile {
     pub affinity_secret: String,
     /// Spec 004 "only warm providers" for every model (per model: `models.require_warm`).
     pub require_warm: bool,
+    /// Stage 2: `spec` (spec 000's points) or `completion` (predicted finish time).
+    pub mode: crate::routing::Mode,
+    /// Derive an affinity key from the stable prompt prefix when no `X-Fleet-Conversation`.
+    pub prefix_affinity: bool,
     pub policy: Policy,
 }
 
@@ -211,6 +218,8 @@ impl Default for RoutingFile {
             default_output_reserve: 1024,
             affinity_secret: DEFAULT_AFFINITY_SECRET.into(),
             require_warm: false,
+            mode: crate::routing::Mode::Spec,
+            prefix_affinity: true,
             policy: Policy::default(),
         }
     }
@@ -322,6 +331,11 @@ pub struct NodeFile {
     pub hard_cap: Option<u32>,
     pub memory_gb: Option<f64>,
     pub bandwidth_gbps: Option<f64>,
+    /// Priors for completion mode until rates are observed: prompt tokens/s, output tokens/s
+    /// of one stream, model-load read speed (GB/s).
+    pub prefill_tokens_per_sec: Option<f64>,
+    pub decode_tokens_per_sec: Option<f64>,
+    pub load_gbps: Option<f64>,
     #[serde(default)]
     pub tier: crate::routing::Tier,
     #[serde(default)]

@@ -36,6 +36,7 @@ pub struct Config {
     pub threads: usize,
     pub admin_token: Option<String>,
     pub grace_period_s: u64,
+    pub upgrade_sock: String,
     pub limits: Limits,
     pub health: Health,
     pub routing: Routing,
@@ -107,6 +108,9 @@ pub struct Routing {
     pub default_output_reserve: u32,
     pub affinity_secret: String,
     pub require_warm: bool,
+    /// Header-less prefix affinity (`routing.prefix_affinity`).
+    pub prefix_affinity: bool,
+    /// `policy.mode` holds `routing.mode`.
     pub policy: Policy,
 }
 
@@ -123,6 +127,10 @@ pub struct NodeConfig {
     pub hard_cap: Option<u32>,
     pub memory_gb: Option<f64>,
     pub bandwidth_gbps: Option<f64>,
+    /// Completion-mode priors: prompt tokens/s, output tokens/s, load GB/s.
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub load_gbps: Option<f64>,
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
@@ -282,6 +290,7 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         threads: f.server.threads,
         admin_token: f.server.admin_token.filter(|t| !t.is_empty()),
         grace_period_s: f.server.grace_period_s,
+        upgrade_sock: f.server.upgrade_sock,
         limits: Limits {
             max_body_bytes: f.limits.max_body_bytes,
             connect_timeout: Duration::from_millis(f.limits.connect_timeout_ms),
@@ -302,7 +311,11 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             default_output_reserve: f.routing.default_output_reserve,
             affinity_secret: f.routing.affinity_secret,
             require_warm: f.routing.require_warm,
-            policy: f.routing.policy,
+            prefix_affinity: f.routing.prefix_affinity,
+            policy: Policy {
+                mode: f.routing.mode,
+                ..f.routing.policy
+            },
         },
         queue: f.queue,
         aliases: f.models.aliases,

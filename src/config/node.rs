@@ -93,6 +93,9 @@ pub(super) fn validate_node(
     for (field, v) in [
         ("memory_gb", n.memory_gb),
         ("bandwidth_gbps", n.bandwidth_gbps),
+        ("prefill_tokens_per_sec", n.prefill_tokens_per_sec),
+        ("decode_tokens_per_sec", n.decode_tokens_per_sec),
+        ("load_gbps", n.load_gbps),
     ] {
         if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
             errors.push(format!(
@@ -136,6 +139,9 @@ pub(super) fn validate_node(
         hard_cap: n.hard_cap,
         memory_gb,
         bandwidth_gbps: n.bandwidth_gbps,
+        prefill_tps: n.prefill_tokens_per_sec,
+        decode_tps: n.decode_tokens_per_sec,
+        load_gbps: n.load_gbps,
         tier: n.tier,
         tags: n.tags,
         families,
@@ -185,6 +191,9 @@ impl NodeConfig {
             hard_cap: None,
             memory_gb: memory_gb.filter(|v| v.is_finite() && *v > 0.0),
             bandwidth_gbps: bandwidth_gbps.filter(|v| v.is_finite() && *v > 0.0),
+            prefill_tps: None,
+            decode_tps: None,
+            load_gbps: None,
             tier: Tier::Provisional,
             tags: Vec::new(),
             families: default_families(backend),

@@ -34,6 +34,8 @@ pub struct ModelCounters {
     reported_waiting: AtomicU32,
     /// The node:model circuit breaker (model-specific faults: 5xx, broken streams).
     pub breaker: Mutex<Breaker>,
+    /// Rates learned from this pair's responses (completion mode).
+    pub rates: Mutex<super::PairRates>,
 }
 
 impl ModelCounters {

@@ -9,7 +9,9 @@ mod counters;
 mod heartbeat;
 mod learning;
 mod live;
+mod prefix;
 mod presence;
+mod rates;
 mod reload;
 mod state;
 mod view;
@@ -28,13 +30,15 @@ pub use counters::ModelCounters;
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
+pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
+pub use rates::{Observation, PairRates, RatesStore};
 pub use reload::ReloadReport;
 pub use state::Control;
 use view::{next_due, node_view, ViewParams};
 
 use crate::config::{Config, NodeConfig};
-use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView};
+use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView, Rates};
 use crate::services::now_ms;
 
 /// Live state of one node.
@@ -119,6 +123,8 @@ pub struct Fleet {
     pub board: Arc<crate::queue::Board>,
     /// Background actions in progress (pre-warm loads, pulls), one per key.
     pub ops: crate::services::ops::Ops,
+    /// Which node holds each conversation's prefix (completion mode's cache credit).
+    pub prefixes: PrefixMemory,
     /// Client connections and buffered request bodies (`clients:`).
     pub clients: Arc<crate::clients::ClientGuards>,
 }
@@ -140,6 +146,7 @@ impl Fleet {
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
             ops: Default::default(),
+            prefixes: PrefixMemory::default(),
             clients: Arc::default(),
         };
         fleet.publish();
@@ -421,6 +428,14 @@ impl Loads for Fleet {
             .get(node)
             .and_then(|n| n.peek(model))
             .map_or_else(ModelLoad::default, |c| c.load())
+    }
+
+    fn rates(&self, node: usize, model: &str) -> Rates {
+        self.nodes
+            .load()
+            .get(node)
+            .and_then(|n| n.peek(model))
+            .map_or_else(Rates::default, |c| c.rates.lock().rates())
     }
 }
 

@@ -184,3 +184,54 @@ fn learning_sample(hb: &Heartbeat, live: &super::NodeLive) -> Option<Sample> {
         total_gb: total,
     })
 }
+
+impl Fleet {
+    /// Every node:model pair's learned rates, for `rates.json`.
+    pub fn rates_store(&self) -> super::RatesStore {
+        let mut store = super::RatesStore {
+            version: 1,
+            ..super::RatesStore::default()
+        };
+        let configs = self.configs.load();
+        for (cfg, st) in configs.iter().zip(self.nodes.load().iter()) {
+            for (model, c) in st.all_counters() {
+                let rates = c.rates.lock().clone();
+                if rates != super::PairRates::default() {
+                    store
+                        .pairs
+                        .insert(super::RatesStore::key(&cfg.id, &model), rates);
+                }
+            }
+        }
+        store
+    }
+
+    /// Write `rates.json` atomically (when some pair has been observed).
+    pub fn save_rates(&self, dir: &Path) -> Result<usize, super::StoreError> {
+        let store = self.rates_store();
+        if store.pairs.is_empty() {
+            return Ok(0);
+        }
+        store.save(dir)?;
+        Ok(store.pairs.len())
+    }
+
+    /// Restore learned rates from `learning.state_dir` (pairs of nodes no longer configured
+    /// are skipped).
+    pub fn load_rates(&self) -> Result<usize, super::StoreError> {
+        let Some(dir) = self.config().learning.state_dir.clone() else {
+            return Ok(0);
+        };
+        let store = super::RatesStore::load(&dir)?;
+        let mut n = 0;
+        for (key, rates) in store.pairs {
+            let Some((id, model)) = key.split_once('/') else {
+                continue;
+            };
+            let Some(i) = self.index_of(id) else { continue };
+            *self.node(i).counters(model).rates.lock() = rates;
+            n += 1;
+        }
+        Ok(n)
+    }
+}

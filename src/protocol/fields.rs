@@ -230,6 +230,7 @@ impl Tally {
             stream,
             fallback_models,
             token_ids: self.token_ids,
+            prefix: None,
         }
     }
 }

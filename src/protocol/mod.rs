@@ -12,6 +12,7 @@ mod fields;
 mod local;
 mod ollama;
 mod openai;
+mod prefix;
 mod rewrite;
 pub mod translate;
 
@@ -23,6 +24,7 @@ pub use local::{
     count_tokens_body, ollama_ps, ollama_show, ollama_tags, ollama_version, openai_models,
     ModelInfo,
 };
+pub use prefix::{Prefix, LEADING_BLOCK_CHARS};
 pub use rewrite::rewrite_model;
 
 /// Why a Responses request that points at stored state is refused (the gateway keeps none).
@@ -79,6 +81,8 @@ pub struct ParsedRequest {
     /// Pre-tokenized input (OpenAI `prompt`/`input` as token ids, Ollama `context`):
     /// counted one token each by the estimate, independent of chars-per-token.
     pub token_ids: u32,
+    /// The stable prefix later turns share (system prompt + first user turn), see `prefix.rs`.
+    pub prefix: Option<Prefix>,
 }
 
 /// Stable client-visible error codes (DESIGN.md, Errors).
@@ -209,7 +213,7 @@ impl Local {
 /// For `Local::AnthropicCountTokens`, parse the body as `Endpoint::AnthropicMessages`.
 pub fn parse(ep: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
     let obj = fields::object(body)?;
-    match ep {
+    let parsed = match ep {
         Endpoint::OpenAIChat => openai::chat(&obj),
         Endpoint::OpenAICompletions => openai::completions(&obj),
         Endpoint::OpenAIEmbeddings => openai::embeddings(&obj),
@@ -219,7 +223,11 @@ pub fn parse(ep: Endpoint, body: &[u8]) -> Result<ParsedRequest, ParseError> {
         Endpoint::OllamaEmbed => ollama::embed(&obj),
         Endpoint::OllamaEmbeddings => ollama::embeddings(&obj),
         Endpoint::AnthropicMessages => anthropic::messages(&obj),
-    }
+    };
+    parsed.map(|p| ParsedRequest {
+        prefix: prefix::stable_prefix(ep, &obj),
+        ..p
+    })
 }
 
 impl ErrorCode {

@@ -31,7 +31,23 @@ pub struct Dispatch {
     /// Prompt text characters and fixed (per-message/image) tokens, for calibration.
     pub prompt_chars: usize,
     pub prompt_fixed_tokens: u32,
+    /// What the rate learner and the prefix memory read after the response.
+    pub learn: LearnInput,
     pub state: Mutex<Attempts>,
+}
+
+/// The request's side of what a response teaches (`outcome::account`).
+#[derive(Debug, Clone, Default)]
+pub struct LearnInput {
+    /// Conversation key (header or prefix): the prefix memory is keyed by it.
+    pub affinity_key: Option<u64>,
+    /// Estimated prompt tokens, and those credited as cached (on `cached_on`, else on the
+    /// rendezvous node: where affinity matched).
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub cached_on: Option<String>,
+    /// Requests in flight on the node when this one was sent (itself included).
+    pub concurrency: u32,
 }
 
 /// Where the request is and what happened to it so far.
@@ -133,6 +149,7 @@ mod tests {
             score: 0.0,
             fallback: false,
             cold: false,
+            predicted_s: None,
         }
     }
 
@@ -151,6 +168,7 @@ mod tests {
             max_retries,
             prompt_chars: 0,
             prompt_fixed_tokens: 0,
+            learn: LearnInput::default(),
             state: Mutex::new(Attempts {
                 lease: Some(first),
                 ..Attempts::default()

@@ -67,7 +67,7 @@ pub async fn client_request(
     let mut placement = placement;
     let mut retries = 0;
     loop {
-        let d = match dispatch_for(fleet, ep, &parsed, &body, placement, retries) {
+        let d = match dispatch_for(fleet, ep, &parsed, &req, &body, placement, retries) {
             Ok(d) => d,
             Err(msg) => {
                 let code = ErrorCode::InvalidRequest;
@@ -132,11 +132,22 @@ fn dispatch_for(
     fleet: &Fleet,
     ep: protocol::Endpoint,
     parsed: &protocol::ParsedRequest,
+    req: &crate::routing::RouteRequest,
     body: &bytes::Bytes,
     mut placement: place::Placement,
     retries: u32,
 ) -> std::result::Result<Arc<Dispatch>, String> {
     let model = placement.ranked[0].model.clone();
+    let learn = super::dispatch::LearnInput {
+        affinity_key: req.affinity_key,
+        prompt_tokens: req.prompt_tokens,
+        cached_tokens: req.cached_prefix_tokens,
+        cached_on: req.cached_on.clone(),
+        concurrency: fleet
+            .node(placement.lease.node)
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+    };
     let body = if model != parsed.model {
         protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
     } else {
@@ -157,6 +168,7 @@ fn dispatch_for(
         max_retries: fleet.config().routing.retries,
         prompt_chars: parsed.prompt_chars,
         prompt_fixed_tokens: super::outcome::fixed_tokens(parsed),
+        learn,
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
             retries,

@@ -10,7 +10,7 @@ use crate::clients::{count_refusal, BodyBuf, Refusal, Refused};
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::protocol::{self, Endpoint, ErrorCode, ParsedRequest};
-use crate::routing::{conversation_key, RouteRequest};
+use crate::routing::{conversation_key, prefix_key, RouteRequest};
 
 pub const PIN_HEADER: &str = "x-fleet-pin-node";
 pub const CONVERSATION_HEADER: &str = "x-fleet-conversation";
@@ -178,12 +178,46 @@ pub fn route_request(
         max_output_tokens: parsed.max_tokens,
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
-        affinity_key: header_str(h, CONVERSATION_HEADER).map(|tag| {
-            conversation_key(config.routing.affinity_secret.as_bytes(), &tenant(h), tag)
-        }),
+        affinity_key: affinity_key(config, parsed, h, &primary),
         require_warm: config.routing.require_warm || config.require_warm.contains(&primary),
         ..RouteRequest::default()
     }
+}
+
+/// The conversation key: `X-Fleet-Conversation` when given, else (completion mode with
+/// `routing.prefix_affinity`) one derived from tenant + model + the stable prefix's hash.
+/// Spec mode keeps spec 000's behaviour exactly: only header conversations are sticky.
+fn affinity_key(
+    config: &Config,
+    parsed: &ParsedRequest,
+    h: &RequestHeader,
+    model: &str,
+) -> Option<u64> {
+    let secret = config.routing.affinity_secret.as_bytes();
+    if let Some(tag) = header_str(h, CONVERSATION_HEADER) {
+        return Some(conversation_key(secret, &tenant(h), tag));
+    }
+    let implicit = config.routing.prefix_affinity
+        && config.routing.policy.mode == crate::routing::Mode::Completion;
+    let prefix = parsed.prefix.filter(|_| implicit)?;
+    Some(prefix_key(secret, &tenant(h), model, prefix.hash))
+}
+
+/// Tokens of the conversation a node already caches, and which node: what this gateway saw
+/// it serve last (prompt + output), else the stable prefix on the key's rendezvous node.
+fn cached_prefix(fleet: &Fleet, parsed: &ParsedRequest, req: &mut RouteRequest, cpt: f64) {
+    let Some(key) = req.affinity_key else { return };
+    let stable = parsed
+        .prefix
+        .map_or(0, |p| (p.chars as f64 / cpt.max(0.5)) as u32);
+    let (node, tokens) = match fleet.prefixes.recall(key, crate::services::now_ms()) {
+        Some((idx, tokens)) if idx < fleet.len() => {
+            (Some(fleet.node_config(idx).id.clone()), tokens.max(stable))
+        }
+        _ => (None, stable),
+    };
+    req.cached_on = node;
+    req.cached_prefix_tokens = tokens.min(req.prompt_tokens);
 }
 
 /// Parse a body read for `ep` and build its `RouteRequest`, with the prompt estimate using
@@ -209,6 +243,7 @@ pub fn prepare(
         req.require_warm |= config.require_warm.contains(&m);
         req.models[0] = m;
     }
+    cached_prefix(fleet, &parsed, &mut req, cpt);
     Ok((parsed, req))
 }
 

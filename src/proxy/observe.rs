@@ -16,6 +16,11 @@ pub struct Observed {
     pub completion_tokens: Option<u32>,
     /// Ollama's own generation time.
     pub eval_duration_ns: Option<u64>,
+    /// Ollama's prompt evaluation and model load times.
+    pub prompt_eval_duration_ns: Option<u64>,
+    pub load_duration_ns: Option<u64>,
+    /// Prompt tokens the node took from its prefix cache (OpenAI `cached_tokens`).
+    pub cached_tokens: Option<u32>,
 }
 
 impl Observed {
@@ -92,6 +97,9 @@ impl StreamObserver {
             ])),
             completion_tokens: u32_of(find(&["completion_tokens", "eval_count", "output_tokens"])),
             eval_duration_ns: find(&["eval_duration"]),
+            prompt_eval_duration_ns: find(&["prompt_eval_duration"]),
+            load_duration_ns: find(&["load_duration"]),
+            cached_tokens: u32_of(find(&["cached_tokens"])),
         }
     }
 }

@@ -1,11 +1,13 @@
 //! After a proxied request: feed the circuit breakers (spec 003) and the observed-performance
-//! figures (time to first token, output tokens/s, chars-per-token calibration).
+//! figures (time to first token, output tokens/s, chars-per-token calibration, the node:model
+//! rates completion mode predicts with, and the prefix memory). The one place they are fed.
 
 use std::time::Instant;
 
 use super::dispatch::Dispatch;
-use crate::fleet::{Fleet, Outcome};
+use crate::fleet::{Fleet, Observation, Outcome};
 use crate::metrics::METRICS;
+use crate::routing::AffinityKind;
 use crate::services::now_ms;
 
 /// The part of the prompt estimate that does not depend on chars-per-token.
@@ -84,6 +86,7 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
                 .observe(secs / f64::from(tokens));
         }
     }
+    learn(fleet, d, &observed, first_byte, end);
     if let Some(pt) = observed.prompt_tokens {
         METRICS
             .tokens
@@ -93,6 +96,64 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         fleet
             .calibration
             .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);
+    }
+}
+
+/// Feed the node:model rates and the prefix memory from one successful response.
+fn learn(
+    fleet: &Fleet,
+    d: &Dispatch,
+    observed: &super::observe::Observed,
+    first_byte: Option<Instant>,
+    end: Instant,
+) {
+    let c = d.choice();
+    let l = &d.learn;
+    let now = now_ms();
+    let secs = |ns: Option<u64>| ns.filter(|n| *n > 0).map(|n| n as f64 / 1e9);
+    // The cached prefix was where it was credited: the remembered node, else the rendezvous
+    // node (affinity matched).
+    let on_cached = match &l.cached_on {
+        Some(id) => *id == c.node_id,
+        None => d.affinity == AffinityKind::Matched,
+    };
+    let base = observed.prompt_tokens.unwrap_or(l.prompt_tokens);
+    let evaluated = match observed.cached_tokens {
+        // The node says what it took from its cache (OpenAI usage counts it in prompt_tokens).
+        Some(cached) if observed.prompt_tokens.is_some() => base.saturating_sub(cached),
+        _ if on_cached => base.saturating_sub(l.cached_tokens),
+        _ => base,
+    };
+    let view = fleet.view();
+    let (prior_prefill_tps, prior_spt) = view
+        .nodes
+        .get(c.node)
+        .and_then(|n| Some((n, n.model(&c.model)?)))
+        .map_or((0.0, 0.0), |(n, m)| {
+            crate::routing::priors(&fleet.config().routing.policy, n, m)
+        });
+    let node = fleet.node(c.node);
+    let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
+    let o = Observation {
+        now_ms: now,
+        cold: c.cold,
+        service_s: end.duration_since(d.started).as_secs_f64(),
+        ttft_s: first_byte
+            .filter(|_| observed.chunks >= 2)
+            .map(|fb| fb.duration_since(d.started).as_secs_f64()),
+        prompt_tokens: evaluated.max(1),
+        output_tokens: observed.output_tokens(),
+        prompt_eval_s: secs(observed.prompt_eval_duration_ns),
+        eval_s: secs(observed.eval_duration_ns),
+        load_s: secs(observed.load_duration_ns),
+        concurrency: (l.concurrency.max(1) + now_in_flight).div_ceil(2),
+        prior_prefill_tps,
+        prior_spt,
+    };
+    node.counters(&c.model).rates.lock().observe(&o);
+    if let Some(key) = l.affinity_key {
+        let held = base.saturating_add(observed.output_tokens().unwrap_or(0));
+        fleet.prefixes.remember(key, c.node, held, now);
     }
 }
 

@@ -106,6 +106,7 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
                 score: 0.0,
                 fallback: decision.ranked.first().is_some_and(|c| c.fallback),
                 cold: false,
+                predicted_s: None,
             },
         ),
     }

@@ -26,6 +26,17 @@ pub fn conversation_key(secret: &[u8], tenant: &str, tag: &str) -> u64 {
     u64::from_be_bytes(first)
 }
 
+/// Implicit key of a header-less request (prefix affinity): the conversation key of a tag made
+/// from the model and the stable prefix's hash, in a namespace no header tag can reach (the
+/// tag starts with a control character, which header values cannot carry).
+pub fn prefix_key(secret: &[u8], tenant: &str, model: &str, prefix_hash: u64) -> u64 {
+    conversation_key(
+        secret,
+        tenant,
+        &format!("\u{1}prefix\0{model}\0{prefix_hash:016x}"),
+    )
+}
+
 /// Rendezvous weight of `node_id` for `key`: the node with the highest weight owns the key.
 pub fn rendezvous_weight(key: u64, node_id: &str) -> u64 {
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;

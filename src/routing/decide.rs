@@ -2,12 +2,13 @@
 //! then the fallback-chain ranking and the affinity outcome.
 
 use super::affinity;
+use super::completion::{self, Input};
 use super::eliminate;
 use super::policy::Policy;
 use super::signals::{self, Pair};
 use super::types::{
-    AffinityKind, Choice, Decision, FleetView, Loads, NoRoute, Reason, RouteRequest, Row, Tier,
-    Verdict,
+    AffinityKind, Choice, Decision, FleetView, Loads, Mode, NoRoute, Reason, RouteRequest, Row,
+    Tier, Verdict,
 };
 
 /// A surviving pair, kept small: the explain table holds the signals.
@@ -32,6 +33,13 @@ struct Cand {
 /// such model in list order wins, on its best-scoring node; otherwise the first model some node
 /// can load. `ranked` is the winner, then the same model on other nodes, then the other models
 /// in that same order, each by score (ties: lower node index), at most `policy.max_ranked`.
+///
+/// In `Mode::Completion` survivors are ranked by predicted finish time instead (see
+/// `completion`; `score` is minus the predicted seconds), and the fallback chain reads: a model
+/// with a warm survivor wins in list order, but a model that only some node could cold-load
+/// yields to a later model predicted to finish sooner (a loaded fallback beats cold-loading the
+/// primary when, and only when, it finishes first). The conversation's cached prefix is
+/// credited to the node that last served it, else its rendezvous node; nowhere else.
 pub fn decide(
     req: &RouteRequest,
     fleet: &FleetView,
@@ -50,12 +58,16 @@ pub fn decide(
     let mut window_fits = false;
     let mut pinned_spare = vec![false; n_models];
     let mut provisional_in_use = 0u32;
+    let mut cached_on: Option<usize> = None;
 
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
         let provisional = node.tier == Tier::Provisional;
         if provisional && node_in_flight > 0 {
             provisional_in_use += 1;
+        }
+        if req.cached_on.as_deref() == Some(node.id.as_str()) {
+            cached_on = Some(idx);
         }
         let node_out = eliminate::node_reason(req, node, policy, node_in_flight);
         let weight = key.map(|k| affinity::rendezvous_weight(k, &node.id));
@@ -84,22 +96,38 @@ pub fn decide(
             let verdict = match outcome {
                 Err(reason) => Verdict::Eliminated { reason },
                 Ok((m, fit_ratio)) => {
-                    let pair = Pair {
-                        req,
-                        node,
-                        model: m,
-                        load: loads.model(idx, name),
-                        node_in_flight,
-                        fit_ratio,
-                        needed_tokens: needed,
-                        now_ms,
-                    };
-                    let signals = signals::score(policy, &pair);
-                    let total = signals.total();
-                    let total = if total.is_nan() {
-                        f64::NEG_INFINITY
-                    } else {
-                        total
+                    let load = loads.model(idx, name);
+                    let (verdict, total) = match policy.mode {
+                        Mode::Spec => {
+                            let pair = Pair {
+                                req,
+                                node,
+                                model: m,
+                                load,
+                                node_in_flight,
+                                fit_ratio,
+                                needed_tokens: needed,
+                                now_ms,
+                            };
+                            let signals = signals::score(policy, &pair);
+                            let total = finite(signals.total());
+                            (Verdict::Scored { signals, total }, total)
+                        }
+                        Mode::Completion => {
+                            let input = Input {
+                                req,
+                                node,
+                                model: m,
+                                load,
+                                node_in_flight,
+                                rates: loads.rates(idx, name),
+                                needed_tokens: needed,
+                                now_ms,
+                            };
+                            let prediction = completion::predict(policy, &input, 0);
+                            let total = finite(-prediction.total_s);
+                            (Verdict::Predicted { prediction }, total)
+                        }
                     };
                     if !provisional && node_in_flight < node.seats.max(1) {
                         pinned_spare[pos] = true;
@@ -113,7 +141,7 @@ pub fn decide(
                         rank: 0,
                         native: eliminate::speaks(req, node),
                     });
-                    Verdict::Scored { signals, total }
+                    verdict
                 }
             };
             table.push(Row {
@@ -125,15 +153,19 @@ pub fn decide(
     }
 
     let rendezvous: Vec<Option<usize>> = rendezvous.iter().map(|r| r.map(|(_, idx)| idx)).collect();
-    add_session_affinity(
+    let post = Post {
         req,
         fleet,
         policy,
         loads,
-        &rendezvous,
-        &mut table,
-        &mut cands,
-    );
+        now_ms,
+    };
+    match policy.mode {
+        Mode::Spec => add_session_affinity(&post, &rendezvous, &mut table, &mut cands),
+        Mode::Completion => {
+            add_cached_prefix(&post, &rendezvous, cached_on, &mut table, &mut cands)
+        }
+    }
 
     if policy
         .provisional_pool_cap
@@ -150,7 +182,7 @@ pub fn decide(
         });
     }
 
-    rank(&mut cands, n_models, policy.max_ranked);
+    rank(&mut cands, n_models, policy.max_ranked, policy.mode);
 
     let affinity = match (req.affinity_key, &req.pin, cands.first()) {
         (Some(_), None, Some(w)) => match rendezvous[w.model] {
@@ -158,7 +190,7 @@ pub fn decide(
             Some(r)
                 if matches!(
                     table[r * n_models + w.model].verdict,
-                    Verdict::Scored { .. }
+                    Verdict::Scored { .. } | Verdict::Predicted { .. }
                 ) =>
             {
                 AffinityKind::Spilled
@@ -192,6 +224,7 @@ pub fn decide(
                 score: c.total,
                 fallback: Some(model) != primary,
                 cold: !c.loaded,
+                predicted_s: (policy.mode == Mode::Completion).then_some(-c.total),
             }
         })
         .collect();
@@ -204,17 +237,84 @@ pub fn decide(
     }
 }
 
+fn finite(total: f64) -> f64 {
+    if total.is_nan() {
+        f64::NEG_INFINITY
+    } else {
+        total
+    }
+}
+
+/// What the passes after the first read.
+struct Post<'a> {
+    req: &'a RouteRequest,
+    fleet: &'a FleetView,
+    policy: &'a Policy,
+    loads: &'a dyn Loads,
+    now_ms: u64,
+}
+
+/// Completion mode: the prefix the request shares with earlier turns is cached on the node that
+/// served them (`cached_on`), else on the key's rendezvous node; that one pair's prefill is
+/// predicted again with `cached_prefix_tokens` taken as cached.
+fn add_cached_prefix(
+    post: &Post<'_>,
+    rendezvous: &[Option<usize>],
+    cached_on: Option<usize>,
+    table: &mut [Row],
+    cands: &mut [Cand],
+) {
+    let req = post.req;
+    if req.cached_prefix_tokens == 0 || affinity::request_key(req).is_none() {
+        return;
+    }
+    let n_models = req.models.len();
+    for (pos, owner) in rendezvous.iter().enumerate() {
+        let scored = |idx: usize| {
+            matches!(
+                table[idx * n_models + pos].verdict,
+                Verdict::Predicted { .. }
+            )
+        };
+        let Some(idx) = cached_on
+            .filter(|i| scored(*i))
+            .or(owner.filter(|i| scored(*i)))
+        else {
+            continue;
+        };
+        let node = &post.fleet.nodes[idx];
+        let name = &req.models[pos];
+        let Some(model) = node.model(name) else {
+            continue;
+        };
+        let input = Input {
+            req,
+            node,
+            model,
+            load: post.loads.model(idx, name),
+            node_in_flight: post.loads.node_in_flight(idx),
+            rates: post.loads.rates(idx, name),
+            needed_tokens: eliminate::needed_tokens(req, node),
+            now_ms: post.now_ms,
+        };
+        let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);
+        let total = finite(-prediction.total_s);
+        table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
+        if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
+            cands[i].total = total;
+        }
+    }
+}
+
 /// Signal 8: the rendezvous node of each candidate model, when it survived, gets
 /// 20 / (1 + depth / 2). `cands` are still in table order here, so found by binary search.
 fn add_session_affinity(
-    req: &RouteRequest,
-    fleet: &FleetView,
-    policy: &Policy,
-    loads: &dyn Loads,
+    post: &Post<'_>,
     rendezvous: &[Option<usize>],
     table: &mut [Row],
     cands: &mut [Cand],
 ) {
+    let (req, fleet, policy, loads) = (post.req, post.fleet, post.policy, post.loads);
     let n_models = req.models.len();
     for (pos, owner) in rendezvous.iter().enumerate() {
         let Some(idx) = *owner else { continue };
@@ -235,7 +335,7 @@ fn add_session_affinity(
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol
 /// before translated, then node index, keeping
 /// the best `max_ranked` (0: all). The order is total, so the result is deterministic.
-fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize) {
+fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
     let mut model_loaded = [false; 64];
     let mut model_loaded_heap = Vec::new();
     let loaded: &mut [bool] = if n_models <= model_loaded.len() {
@@ -249,11 +349,16 @@ fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize) {
             loaded[c.model] = true;
         }
     }
+    let first = match mode {
+        Mode::Spec => None,
+        Mode::Completion => completion_first(cands, loaded),
+    };
     for c in cands.iter_mut() {
-        c.rank = if loaded[c.model] {
-            c.model
-        } else {
-            n_models + c.model
+        c.rank = match first {
+            Some(w) if c.model == w => 0,
+            Some(_) => 1 + c.model,
+            None if loaded[c.model] => c.model,
+            None => n_models + c.model,
         };
     }
     let order = |a: &Cand, b: &Cand| {
@@ -268,4 +373,17 @@ fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize) {
         cands.truncate(max_ranked);
     }
     cands.sort_unstable_by(order);
+}
+
+/// Completion mode's model: the first in list order that has a warm survivor, or whose best
+/// predicted finish is no later than every later model's best.
+fn completion_first(cands: &[Cand], loaded: &[bool]) -> Option<usize> {
+    let mut best = vec![f64::NEG_INFINITY; loaded.len()];
+    for c in cands {
+        best[c.model] = best[c.model].max(c.total);
+    }
+    let present = |m: usize| cands.iter().any(|c| c.model == m);
+    (0..loaded.len())
+        .filter(|m| present(*m))
+        .find(|&m| loaded[m] || best[m + 1..].iter().all(|later| best[m] >= *later))
 }

@@ -13,7 +13,7 @@ fn req(models: &[&str]) -> RouteRequest {
 fn reason(d: &Decision, row: usize) -> Option<Reason> {
     match d.table[row].verdict {
         Verdict::Eliminated { reason } => Some(reason),
-        Verdict::Scored { .. } => None,
+        Verdict::Scored { .. } | Verdict::Predicted { .. } => None,
     }
 }
 

@@ -7,11 +7,13 @@
 //! | `eliminate.rs` | Stage 1 reason codes |
 //! | `signals.rs` | Stage 2: the 8 signals of spec 000, tier weight, load tie-breaker |
 //! | `affinity.rs` | conversation key (HMAC) and rendezvous hashing |
+//! | `completion.rs` | completion mode: predicted wait + load + prefill + decode per pair |
 //! | `decide.rs` | the pass over (node, model) pairs, provisional cap, fallback chain |
 //! | `servable.rs` | what no node could ever serve (refused at once) |
 //! | `resolve.rs` | `models.resolve`: coding-agent model ids by tier to a fleet model |
 
 mod affinity;
+mod completion;
 mod decide;
 mod eliminate;
 mod policy;
@@ -21,6 +23,8 @@ mod signals;
 mod types;
 
 #[cfg(test)]
+mod completion_tests;
+#[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
 mod proptests;
@@ -29,7 +33,8 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 
-pub use self::affinity::{conversation_key, rendezvous_weight};
+pub use self::affinity::{conversation_key, prefix_key, rendezvous_weight};
+pub use self::completion::{priors, Prediction};
 pub use self::decide::decide;
 pub use self::policy::{Policy, PolicyError};
 pub use self::resolve::{glob, ModelTier, Resolve, TierRule};

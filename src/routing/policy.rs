@@ -118,6 +118,22 @@ pub struct Policy {
     pub load_tps_weight: f64,
     pub load_tps_ref: f64,
 
+    // ---- Completion mode (`routing.mode: completion`, see `completion.rs`) -----------------
+    /// Set from `routing.mode` (not part of the `routing.policy` block).
+    #[serde(skip)]
+    pub mode: super::types::Mode,
+    /// Prior model-load read speed, GB/s, for a node without `load_gbps` and no observed load
+    /// (spec 000: a 40 GB model cold-loads in 15-30 s).
+    pub completion_load_gbps: f64,
+    /// Prior pull speed, GB/s, for a model not on the node's disk.
+    pub completion_pull_gbps: f64,
+    /// Prior prompt tokens/s as a multiple of a node's decode tokens/s (no prefill prior).
+    pub completion_prefill_per_decode: f64,
+    /// A pair not observed for this long (or never) is explored: its compute terms are
+    /// multiplied by `completion_explore_factor`, so an untried node gets a request.
+    pub completion_explore_after_s: u64,
+    pub completion_explore_factor: f64,
+
     // ---- Output ---------------------------------------------------------------------------
     /// Most entries kept in `Decision::ranked` (winner + runners-up for retries / pre-warm).
     /// 0: keep every surviving (node, model) pair.
@@ -194,6 +210,13 @@ impl Default for Policy {
             load_tps_weight: 1.0,
             load_tps_ref: 50.0,
 
+            mode: super::types::Mode::Spec,
+            completion_load_gbps: 2.0,
+            completion_pull_gbps: 0.1,
+            completion_prefill_per_decode: 20.0,
+            completion_explore_after_s: 60,
+            completion_explore_factor: 0.5,
+
             max_ranked: 16,
         }
     }
@@ -260,6 +283,12 @@ impl Policy {
             ("role_bw_divisor", self.role_bw_divisor),
             ("session_depth_divisor", self.session_depth_divisor),
             ("load_tps_ref", self.load_tps_ref),
+            ("completion_load_gbps", self.completion_load_gbps),
+            ("completion_pull_gbps", self.completion_pull_gbps),
+            (
+                "completion_prefill_per_decode",
+                self.completion_prefill_per_decode,
+            ),
             ("role_small_threshold_gb", self.role_small_threshold_gb),
             ("role_mem_mid_node_gb", self.role_mem_mid_node_gb),
         ];
@@ -311,6 +340,13 @@ impl Policy {
                 "at least role_mem_mid_node_gb",
             ),
         ];
+        let f = self.completion_explore_factor;
+        check(
+            "completion_explore_factor",
+            f,
+            f.is_finite() && f > 0.0 && f <= 1.0,
+            "a number in (0, 1]",
+        )?;
         for (field, value, min, expected) in ordered {
             check(field, value, value.is_finite() && value >= min, expected)?;
         }

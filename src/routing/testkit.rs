@@ -1,7 +1,7 @@
 //! Test fixtures: node and model builders and a plain `Loads` table.
 
 use super::types::{
-    Family, FleetView, Loads, ModelLoad, ModelView, NodeView, Row, Signals, Verdict,
+    Family, FleetView, Loads, ModelLoad, ModelView, NodeView, Rates, Row, Signals, Verdict,
 };
 
 /// Loads by node index; model loads by (node, model name).
@@ -9,6 +9,7 @@ use super::types::{
 pub struct TableLoads {
     pub node: Vec<u32>,
     pub model: Vec<(usize, String, ModelLoad)>,
+    pub rates: Vec<(usize, String, Rates)>,
 }
 
 impl TableLoads {
@@ -19,6 +20,12 @@ impl TableLoads {
         }
         self.node[idx] += load.in_flight;
         self.model.push((idx, model.to_string(), load));
+        self
+    }
+
+    /// Learned rates for node `idx`'s `model`.
+    pub fn rated(mut self, idx: usize, model: &str, rates: Rates) -> Self {
+        self.rates.push((idx, model.to_string(), rates));
         self
     }
 }
@@ -32,6 +39,13 @@ impl Loads for TableLoads {
             .iter()
             .find(|(n, m, _)| *n == node && m == model)
             .map(|(_, _, l)| *l)
+            .unwrap_or_default()
+    }
+    fn rates(&self, node: usize, model: &str) -> Rates {
+        self.rates
+            .iter()
+            .find(|(n, m, _)| *n == node && m == model)
+            .map(|(_, _, r)| *r)
             .unwrap_or_default()
     }
 }
@@ -86,6 +100,6 @@ pub fn fleet(nodes: Vec<NodeView>) -> FleetView {
 pub fn signals_of(row: &Row) -> Option<(Signals, f64)> {
     match row.verdict {
         Verdict::Scored { signals, total } => Some((signals, total)),
-        Verdict::Eliminated { .. } => None,
+        Verdict::Eliminated { .. } | Verdict::Predicted { .. } => None,
     }
 }

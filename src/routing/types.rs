@@ -35,6 +35,22 @@ pub struct RouteRequest {
     pub tried: Vec<String>,
     /// Spec 004: only nodes with the model already loaded are eligible.
     pub require_warm: bool,
+    /// Prompt tokens assumed already in a node's prefix cache (completion mode): credited on
+    /// `cached_on` when that node is a candidate, else on the affinity key's rendezvous node.
+    pub cached_prefix_tokens: u32,
+    /// The node that last served this request's prefix key (this gateway's memory).
+    pub cached_on: Option<String>,
+}
+
+/// How Stage 2 ranks the survivors of Stage 1 (`routing.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Spec 000's point system (8 signals), exact.
+    #[default]
+    Spec,
+    /// Predicted completion time: seat wait + cold load + prefill + decode, lowest wins.
+    Completion,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -124,6 +140,11 @@ pub struct NodeView {
     /// Per-node overhead tokens (system prompt, video frames ...), spec 003.
     pub overhead_tokens: u32,
     pub learning: Option<Learning>,
+    /// Priors a user may know (node config), used until rates are observed: prompt tokens/s,
+    /// output tokens/s of one stream, and model-load read speed, GB/s.
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub load_gbps: Option<f64>,
 }
 
 impl NodeView {
@@ -154,6 +175,30 @@ pub trait Loads {
     /// Requests in flight on the node across all its models.
     fn node_in_flight(&self, node: usize) -> u32;
     fn model(&self, node: usize, model: &str) -> ModelLoad;
+    /// Rates learned for node:model (completion mode); none known by default.
+    fn rates(&self, _node: usize, _model: &str) -> Rates {
+        Rates::default()
+    }
+}
+
+/// What was learned about one node:model pair from its responses (`None`: not observed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Rates {
+    /// Prompt tokens per second (TTFT of warm requests), and the TTFT no prompt explains.
+    pub prefill_tps: Option<f64>,
+    pub prefill_overhead_s: f64,
+    /// Seconds per output token of one stream, and what each further concurrent stream adds.
+    pub decode_spt: Option<f64>,
+    pub decode_spt_per_stream: f64,
+    /// Seconds a cold load of the model took on the node.
+    pub load_s: Option<f64>,
+    /// Seconds a request held its seat (dispatch to end).
+    pub service_s: Option<f64>,
+    /// Output tokens per response.
+    pub output_tokens: Option<f64>,
+    /// Responses observed, and when the last one was (ms).
+    pub observed: u32,
+    pub last_ms: Option<u64>,
 }
 
 /// Why a (node, model) pair cannot serve the request.
@@ -266,8 +311,18 @@ impl Signals {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Verdict {
-    Eliminated { reason: Reason },
-    Scored { signals: Signals, total: f64 },
+    Eliminated {
+        reason: Reason,
+    },
+    Scored {
+        signals: Signals,
+        total: f64,
+    },
+    /// Completion mode: the predicted finish and its terms (lower `total_s` wins).
+    Predicted {
+        #[serde(flatten)]
+        prediction: super::completion::Prediction,
+    },
 }
 
 /// One line of the explain table, by index so building it allocates nothing per row.
@@ -315,6 +370,8 @@ pub struct Choice {
     pub fallback: bool,
     /// The model is not loaded on the node: serving it means a cold load.
     pub cold: bool,
+    /// Completion mode: the predicted finish, seconds from now.
+    pub predicted_s: Option<f64>,
 }
 
 /// Why nothing was chosen; maps to the client-visible error.

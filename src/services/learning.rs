@@ -1,5 +1,6 @@
-//! Capacity learner persistence: writes the learned baselines to `learning.state_dir` every
-//! `learning.save_interval` and on shutdown (atomically), so they survive a restart.
+//! Learned-state persistence: writes the capacity learner's baselines (`capacity.json`) and the
+//! node:model rates (`rates.json`) to `learning.state_dir` every `learning.save_interval` and
+//! on shutdown (atomically), so they survive a restart.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +28,10 @@ impl LearnerSaver {
                 self.dir.display()
             ),
             Err(e) => log::warn!("capacity learner: {e}"),
+        }
+        match self.fleet.save_rates(&self.dir) {
+            Ok(n) => log::debug!("learned rates: saved {n} pair(s) to {}", self.dir.display()),
+            Err(e) => log::warn!("learned rates: {e}"),
         }
     }
 }

@@ -35,3 +35,52 @@ pub fn decide_elsewhere(
     };
     crate::routing::decide(&req, view, &fleet.config().routing.policy, fleet, now_ms())
 }
+
+/// Routing's decision for one request of `model` with nothing excluded: the busy node's own
+/// prediction (completion-mode pre-warm and rebalance compare against it).
+pub fn decide_model(
+    fleet: &crate::fleet::Fleet,
+    view: &crate::routing::FleetView,
+    model: &str,
+) -> crate::routing::Decision {
+    let req = crate::routing::RouteRequest {
+        models: vec![model.to_string()],
+        ..Default::default()
+    };
+    crate::routing::decide(&req, view, &fleet.config().routing.policy, fleet, now_ms())
+}
+
+/// The completion-mode prediction for node `idx` in a single-model decision.
+pub fn prediction_of(
+    d: &crate::routing::Decision,
+    idx: usize,
+) -> Option<crate::routing::Prediction> {
+    d.table.iter().find_map(|row| match row.verdict {
+        crate::routing::Verdict::Predicted { prediction } if row.node == idx && row.model == 0 => {
+            Some(prediction)
+        }
+        _ => None,
+    })
+}
+
+/// Completion mode: how often pre-warm and rebalance look, following observed model load
+/// times. A quarter of the shortest cold load seen on any pair (a deep queue is noticed well
+/// before a load would have finished), between 500 ms and the configured interval.
+pub fn completion_period(fleet: &crate::fleet::Fleet, configured_ms: u64) -> std::time::Duration {
+    use crate::routing::Loads;
+    let mut shortest = f64::INFINITY;
+    let view = fleet.view();
+    for (idx, node) in view.nodes.iter().enumerate() {
+        for m in &node.models {
+            if let Some(l) = fleet.rates(idx, &m.name).load_s {
+                shortest = shortest.min(l);
+            }
+        }
+    }
+    let ms = if shortest.is_finite() {
+        ((shortest * 1000.0 / 4.0) as u64).clamp(500, configured_ms.max(500))
+    } else {
+        configured_ms
+    };
+    std::time::Duration::from_millis(ms)
+}

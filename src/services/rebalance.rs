@@ -2,6 +2,11 @@
 //! `queue.rebalance_threshold` or more waiting give up to `queue.rebalance_max_moves` of their
 //! oldest waiting requests to nodes where the model is already hot and a seat is free. Never a
 //! cold load; requests in flight never move.
+//!
+//! In completion mode a queue moves its oldest waiting request when a hot node with a free
+//! seat is predicted to finish it sooner than its own node (its wait there: the requests in
+//! flight ahead of it, per seat, times the seat time), whatever the depth; the check interval
+//! follows observed load times (`services::completion_period`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,6 +19,7 @@ use pingora::services::background::BackgroundService;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::queue;
+use crate::routing::{FleetView, Mode};
 
 pub struct Rebalance {
     fleet: Arc<Fleet>,
@@ -28,20 +34,26 @@ impl Rebalance {
     pub fn cycle(&self) -> u32 {
         let fleet = &self.fleet;
         let q = &fleet.config().queue;
+        let completion = fleet.config().routing.policy.mode == Mode::Completion;
         let view = fleet.view();
         let mut moved = 0;
         for (idx, node) in fleet.nodes().iter().enumerate() {
             for (model, c) in node.all_counters() {
-                if moved >= q.rebalance_max_moves
-                    || c.pending.load(Ordering::Relaxed) < q.rebalance_threshold
-                {
+                let threshold = if completion { 1 } else { q.rebalance_threshold };
+                if moved >= q.rebalance_max_moves || c.pending.load(Ordering::Relaxed) < threshold {
                     continue;
                 }
                 let decision = super::decide_elsewhere(fleet, &view, idx, &model);
+                let stay = completion.then(|| oldest_waiter_finish(fleet, &view, idx, &model));
                 for target in decision
                     .ranked
                     .iter()
                     .filter(|t| !t.cold && t.model == model)
+                    .filter(|t| match stay {
+                        Some(stay) => super::prediction_of(&decision, t.node)
+                            .is_some_and(|p| p.ahead == 0 && p.total_s < stay),
+                        None => true,
+                    })
                 {
                     let dest = &fleet.nodes()[target.node];
                     let counters = dest.counters(&model);
@@ -70,16 +82,32 @@ impl Rebalance {
     }
 }
 
+/// Completion mode: when the oldest request waiting on node `idx` is predicted to finish
+/// there (a new request's prediction, with only the requests in flight ahead of it).
+fn oldest_waiter_finish(fleet: &Fleet, view: &FleetView, idx: usize, model: &str) -> f64 {
+    let d = super::decide_model(fleet, view, model);
+    let Some(p) = super::prediction_of(&d, idx) else {
+        return f64::INFINITY;
+    };
+    let seats = f64::from(view.nodes[idx].seats.max(1));
+    let counters = fleet.node(idx).counters(model);
+    let in_flight = f64::from(counters.in_flight.load(Ordering::Relaxed));
+    let ahead = (in_flight + 1.0 - seats).max(0.0);
+    p.total_s - p.wait_s + ahead / seats * p.service_s
+}
+
 #[async_trait]
 impl BackgroundService for Rebalance {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let period = Duration::from_millis(self.fleet.config().queue.rebalance_interval_ms);
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let configured = self.fleet.config().queue.rebalance_interval_ms;
         loop {
+            let period = match self.fleet.config().routing.policy.mode {
+                Mode::Completion => super::completion_period(&self.fleet, configured),
+                Mode::Spec => Duration::from_millis(configured),
+            };
             tokio::select! {
                 _ = shutdown.changed() => break,
-                _ = tick.tick() => { self.cycle(); }
+                _ = tokio::time::sleep(period) => { self.cycle(); }
             }
         }
     }

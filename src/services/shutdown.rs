@@ -30,7 +30,8 @@ impl Drain {
 
     async fn drained_within(&self, limit: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + limit;
-        while self.fleet.clients.in_flight() > 0 {
+        // Connections count too: one accepted but not yet read would be reset by the exit.
+        while self.fleet.clients.in_flight() > 0 || self.fleet.clients.open() > 0 {
             if tokio::time::Instant::now() >= deadline {
                 return false;
             }

@@ -1,0 +1,433 @@
+//! Rates learned online per node:model from each response (completion mode's inputs): prefill
+//! time against prompt tokens, decode seconds per token against concurrency, cold-load time,
+//! seat time and output length. Pure: time is an argument; persisted as `rates.json`.
+//!
+//! Every figure is a time-decayed mean: an observation `dt` after the previous one weighs
+//! `alpha = max(1 - exp(-dt / DECAY_S), ALPHA_MIN)` against all before it, so a node that
+//! slows down is followed within a few responses (or at once after a quiet spell). Prefill and
+//! decode are decayed weighted least-squares lines `y = a + b x`: TTFT = overhead + tokens /
+//! rate, and seconds per token = single-stream time + per-stream cost x (streams - 1). When the
+//! observations do not spread along x, the line goes through the origin (prefill, prompts of
+//! at least 256 tokens) or is flat (decode; short prompts: TTFT is overhead, the rate a prior).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::routing::Rates;
+
+/// Time constant of the decay, seconds.
+pub const DECAY_S: f64 = 10.0;
+/// Least weight a new observation gets, however soon it follows the last.
+pub const ALPHA_MIN: f64 = 0.1;
+pub const STATE_FILE: &str = "rates.json";
+/// Prompts this long on average (tokens) are needed to read a prefill rate off TTFTs that do
+/// not spread: below it, TTFT is taken as fixed overhead.
+const MIN_ORIGIN_X: f64 = 256.0;
+
+fn alpha(dt_ms: u64) -> f64 {
+    let a = 1.0 - (-(dt_ms as f64) / 1000.0 / DECAY_S).exp();
+    a.max(ALPHA_MIN)
+}
+
+fn usable(x: f64) -> bool {
+    x.is_finite() && x >= 0.0
+}
+
+/// A time-decayed mean.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+struct Mean {
+    value: f64,
+    at_ms: u64,
+    n: u32,
+}
+
+impl Mean {
+    fn add(&mut self, x: f64, now_ms: u64) {
+        if !(x.is_finite() && x > 0.0) {
+            return;
+        }
+        if self.n == 0 {
+            self.value = x;
+        } else {
+            self.value += alpha(now_ms.saturating_sub(self.at_ms)) * (x - self.value);
+        }
+        self.at_ms = now_ms;
+        self.n = self.n.saturating_add(1);
+    }
+
+    fn get(&self) -> Option<f64> {
+        (self.n > 0).then_some(self.value)
+    }
+}
+
+/// Decayed sums for a weighted least-squares line.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+struct Line {
+    w: f64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+    at_ms: u64,
+}
+
+impl Line {
+    fn add(&mut self, x: f64, y: f64, now_ms: u64) {
+        if !(usable(x) && usable(y)) {
+            return;
+        }
+        let a = if self.w > 0.0 {
+            alpha(now_ms.saturating_sub(self.at_ms))
+        } else {
+            1.0
+        };
+        let keep = 1.0 - a;
+        self.w = keep * self.w + a;
+        self.sx = keep * self.sx + a * x;
+        self.sy = keep * self.sy + a * y;
+        self.sxx = keep * self.sxx + a * x * x;
+        self.sxy = keep * self.sxy + a * x * y;
+        self.at_ms = now_ms;
+    }
+
+    /// (a, b) of `y = a + b x`; `origin`: without spread along x, through the origin (else flat).
+    fn fit(&self, min_spread: f64, origin: bool) -> Option<(f64, f64)> {
+        if self.w <= 0.0 {
+            return None;
+        }
+        let (mx, my) = (self.sx / self.w, self.sy / self.w);
+        let var = self.sxx / self.w - mx * mx;
+        let cov = self.sxy / self.w - mx * my;
+        let spread = if origin {
+            var.sqrt() / mx.max(1e-9)
+        } else {
+            var
+        };
+        if spread >= min_spread && var > 0.0 {
+            let b = cov / var;
+            let a = my - b * mx;
+            if b >= 0.0 && a >= 0.0 {
+                return Some((a, b));
+            }
+        }
+        if origin && mx >= MIN_ORIGIN_X {
+            Some((0.0, my / mx))
+        } else {
+            // Flat: too few tokens to tell a rate from fixed overhead (the rate stays a prior).
+            Some((my, 0.0))
+        }
+    }
+}
+
+/// What one response tells about its node:model (assembled by `proxy::outcome::account`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Observation {
+    pub now_ms: u64,
+    /// The model was not loaded when the request was sent.
+    pub cold: bool,
+    /// Dispatch to end, seconds.
+    pub service_s: f64,
+    /// Dispatch to first streamed token, seconds (None when the response was not streamed).
+    pub ttft_s: Option<f64>,
+    /// Prompt tokens the node evaluated (its count, else the estimate minus the cached part).
+    pub prompt_tokens: u32,
+    pub output_tokens: Option<u32>,
+    /// What the backend reports (Ollama `prompt_eval_duration`, `eval_duration`,
+    /// `load_duration`), seconds.
+    pub prompt_eval_s: Option<f64>,
+    pub eval_s: Option<f64>,
+    pub load_s: Option<f64>,
+    /// Streams decoding on the node meanwhile (this one included).
+    pub concurrency: u32,
+    /// Routing's priors for the pair (prompt tokens/s, seconds per output token; 0: none),
+    /// to split the time of a response that was neither streamed nor timed by the backend.
+    pub prior_prefill_tps: f64,
+    pub prior_spt: f64,
+}
+
+/// The learned rates of one node:model pair.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PairRates {
+    /// TTFT (s) against evaluated prompt tokens.
+    prefill: Line,
+    /// Seconds per output token against streams - 1.
+    decode: Line,
+    load: Mean,
+    service: Mean,
+    output: Mean,
+    observed: u32,
+    last_ms: Option<u64>,
+}
+
+impl PairRates {
+    /// Learn from one response.
+    pub fn observe(&mut self, o: &Observation) {
+        let now = o.now_ms;
+        let before = self.rates();
+        self.service.add(o.service_s, now);
+        if let Some(out) = o.output_tokens {
+            self.output.add(f64::from(out), now);
+        }
+        let tokens = f64::from(o.prompt_tokens);
+        let prefill_est = before
+            .prefill_tps
+            .map_or(0.0, |tps| before.prefill_overhead_s + tokens / tps);
+        // Time to first token splits into load (cold) and prefill.
+        let first = o.ttft_s.filter(|t| usable(*t));
+        let load = if o.cold {
+            let seen = o.load_s.filter(|s| *s > 0.0);
+            let inferred = first
+                .or(Some(o.service_s))
+                .map(|t| (t - prefill_est).max(0.0));
+            let l = seen.or(inferred);
+            if let Some(l) = l {
+                self.load.add(l, now);
+            }
+            l.unwrap_or(0.0)
+        } else {
+            o.load_s.unwrap_or(0.0)
+        };
+        let out = o.output_tokens.filter(|t| *t >= 2).map(f64::from);
+        let streams = f64::from(o.concurrency.max(1) - 1);
+        let (mut prefill_s, mut gen_s) = match (o.prompt_eval_s, first) {
+            (Some(p), _) if p > 0.0 => (Some(p), None),
+            (_, Some(t)) if !o.cold => (Some((t - load).max(0.0)), Some(o.service_s - t)),
+            (_, Some(t)) => (None, Some(o.service_s - t)),
+            _ => (None, None),
+        };
+        if let Some(e) = o.eval_s.filter(|s| *s > 0.0) {
+            gen_s = Some(e);
+        }
+        // Neither streamed nor timed by the backend: split the seat time between prefill and
+        // decode in the proportion the current rates (else the priors) predict.
+        if prefill_s.is_none() && gen_s.is_none() {
+            let spt = before
+                .decode_spt
+                .map(|a| a + before.decode_spt_per_stream * streams)
+                .unwrap_or(o.prior_spt);
+            let est_p = match before.prefill_tps {
+                Some(_) => prefill_est,
+                None if o.prior_prefill_tps > 0.0 => tokens / o.prior_prefill_tps,
+                None => 0.0,
+            };
+            let est_d = out.map_or(0.0, |n| n * spt);
+            let busy = o.service_s - load;
+            if est_p + est_d > 0.0 && busy > 0.0 {
+                let k = busy / (est_p + est_d);
+                prefill_s = (est_p > 0.0).then_some(est_p * k);
+                gen_s = (est_d > 0.0).then_some(est_d * k);
+            }
+        }
+        if let Some(p) = prefill_s.filter(|_| o.prompt_tokens > 0) {
+            self.prefill.add(tokens, p, now);
+        }
+        if let (Some(n), Some(g)) = (out, gen_s.filter(|g| *g > 0.0)) {
+            self.decode.add(streams, g / n, now);
+        }
+        self.observed = self.observed.saturating_add(1);
+        self.last_ms = Some(now);
+    }
+
+    /// What routing reads.
+    pub fn rates(&self) -> Rates {
+        let prefill = self.prefill.fit(0.2, true);
+        let decode = self.decode.fit(0.2, false);
+        Rates {
+            prefill_tps: prefill.and_then(|(_, b)| (b > 0.0).then(|| 1.0 / b)),
+            prefill_overhead_s: prefill.map_or(0.0, |(a, _)| a),
+            decode_spt: decode.map(|(a, _)| a).filter(|a| *a > 0.0),
+            decode_spt_per_stream: decode.map_or(0.0, |(_, b)| b),
+            load_s: self.load.get(),
+            service_s: self.service.get(),
+            output_tokens: self.output.get(),
+            observed: self.observed,
+            last_ms: self.last_ms,
+        }
+    }
+}
+
+/// Every pair's rates, as written to `<state_dir>/rates.json`, keyed `node/model`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RatesStore {
+    pub version: u32,
+    pub pairs: BTreeMap<String, PairRates>,
+}
+
+impl RatesStore {
+    pub fn key(node: &str, model: &str) -> String {
+        format!("{node}/{model}")
+    }
+
+    /// Read the state file; a missing file is an empty store.
+    pub fn load(dir: &Path) -> Result<RatesStore, super::StoreError> {
+        let path = dir.join(STATE_FILE);
+        let shown = || path.display().to_string();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).map_err(|source| super::StoreError::Format {
+                path: shown(),
+                source,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RatesStore::default()),
+            Err(source) => Err(super::StoreError::Io {
+                path: shown(),
+                source,
+            }),
+        }
+    }
+
+    /// Write atomically: a temporary file in the same directory, fsync, rename over the old.
+    pub fn save(&self, dir: &Path) -> Result<(), super::StoreError> {
+        use std::io::Write;
+        let path = dir.join(STATE_FILE);
+        let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+        let io = |source| super::StoreError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let text = serde_json::to_vec(self).map_err(|e| io(std::io::Error::other(e)))?;
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&text).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        drop(f);
+        std::fs::rename(&tmp, &path).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One warm streamed response of a node with `prefill_tps` and single-stream `decode_tps`
+    /// (each further stream adds `per_stream` s/token), 50 ms fixed TTFT overhead.
+    fn response(
+        now_ms: u64,
+        prompt: u32,
+        streams: u32,
+        prefill_tps: f64,
+        decode_tps: f64,
+        per_stream: f64,
+    ) -> Observation {
+        let ttft = 0.05 + f64::from(prompt) / prefill_tps;
+        let spt = 1.0 / decode_tps + per_stream * f64::from(streams - 1);
+        let out = 200;
+        Observation {
+            now_ms,
+            cold: false,
+            service_s: ttft + f64::from(out) * spt,
+            ttft_s: Some(ttft),
+            prompt_tokens: prompt,
+            output_tokens: Some(out),
+            concurrency: streams,
+            ..Observation::default()
+        }
+    }
+
+    fn within(est: f64, truth: f64, tol: f64) -> bool {
+        (est - truth).abs() <= tol * truth
+    }
+
+    /// Prefill of a `prompt`-token request and decode speed at `streams`, as predicted.
+    fn predicted(r: &Rates, prompt: f64, streams: f64) -> (f64, f64) {
+        let prefill = r.prefill_overhead_s + prompt / r.prefill_tps.expect("prefill learned");
+        let spt = r.decode_spt.expect("decode learned") + r.decode_spt_per_stream * (streams - 1.0);
+        (prefill, 1.0 / spt)
+    }
+
+    #[test]
+    fn converges_within_ten_percent_and_follows_a_step_change() {
+        let mut p = PairRates::default();
+        let prompts = [400u32, 2_500, 900, 4_000, 1_600];
+        let mut t = 1_000_000u64;
+        // 20 responses, one a second, at 1-4 concurrent streams: 1000 tok/s prefill, 40 tok/s
+        // decode alone, each further stream +5 ms/token.
+        for i in 0..20u32 {
+            let o = response(t, prompts[i as usize % 5], 1 + i % 4, 1_000.0, 40.0, 0.005);
+            p.observe(&o);
+            t += 1_000;
+        }
+        let r = p.rates();
+        let (prefill, tps1) = predicted(&r, 2_000.0, 1.0);
+        assert!(
+            within(prefill, 2.05, 0.10),
+            "prefill {prefill} vs 2.05: {r:?}"
+        );
+        assert!(within(tps1, 40.0, 0.10), "decode {tps1} vs 40: {r:?}");
+        let (_, tps4) = predicted(&r, 0.0, 4.0);
+        assert!(
+            within(tps4, 1.0 / 0.04, 0.10),
+            "decode at 4 streams {tps4}: {r:?}"
+        );
+        assert!(within(r.output_tokens.unwrap(), 200.0, 0.01));
+        // The node slows to half speed (thermal throttling, another user): within 20 more
+        // responses over 20 s the estimates follow.
+        for i in 0..20u32 {
+            let o = response(t, prompts[i as usize % 5], 1 + i % 4, 500.0, 20.0, 0.010);
+            p.observe(&o);
+            t += 1_000;
+        }
+        let r = p.rates();
+        let (prefill, tps1) = predicted(&r, 2_000.0, 1.0);
+        assert!(
+            within(prefill, 4.05, 0.10),
+            "prefill {prefill} vs 4.05: {r:?}"
+        );
+        assert!(within(tps1, 20.0, 0.10), "decode {tps1} vs 20: {r:?}");
+        assert_eq!(r.observed, 40);
+    }
+
+    #[test]
+    fn after_a_quiet_spell_one_response_is_enough() {
+        let mut p = PairRates::default();
+        for i in 0..10 {
+            p.observe(&response(i * 1_000, 1_000, 1, 1_000.0, 40.0, 0.0));
+        }
+        // A minute later the node is 3x slower: alpha ~ 1, the next response dominates.
+        p.observe(&response(70_000, 1_000, 1, 333.0, 13.3, 0.0));
+        let (_, tps) = predicted(&p.rates(), 1_000.0, 1.0);
+        assert!(within(tps, 13.3, 0.10), "{tps}");
+    }
+
+    #[test]
+    fn cold_responses_teach_the_load_time_not_the_prefill() {
+        let mut p = PairRates::default();
+        p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
+        let before = p.rates().prefill_tps;
+        let mut cold = response(1_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        cold.cold = true;
+        cold.ttft_s = cold.ttft_s.map(|t| t + 12.0);
+        cold.service_s += 12.0;
+        p.observe(&cold);
+        let r = p.rates();
+        assert!(within(r.load_s.unwrap(), 12.0, 0.02), "{r:?}");
+        assert_eq!(r.prefill_tps, before);
+        // Ollama's own load_duration wins over the inference.
+        cold.load_s = Some(9.0);
+        let mut q = PairRates::default();
+        q.observe(&cold);
+        assert_eq!(q.rates().load_s, Some(9.0));
+    }
+
+    #[test]
+    fn store_round_trips_atomically() {
+        let dir = std::env::temp_dir().join(format!("fleetgate-rates-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(RatesStore::load(&dir).unwrap(), RatesStore::default());
+        let mut p = PairRates::default();
+        p.observe(&response(5, 1_000, 2, 1_000.0, 40.0, 0.0));
+        let mut store = RatesStore {
+            version: 1,
+            ..RatesStore::default()
+        };
+        store.pairs.insert(RatesStore::key("a", "m"), p.clone());
+        store.save(&dir).unwrap();
+        assert!(!dir.join("rates.json.tmp").exists());
+        let back = RatesStore::load(&dir).unwrap();
+        assert_eq!(back.pairs["a/m"].rates(), p.rates());
+        std::fs::write(dir.join(STATE_FILE), "{").unwrap();
+        assert!(RatesStore::load(&dir).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,176 @@
+//! The stable prefix of a request: what every later turn of the same conversation starts with,
+//! hashed, so header-less turns can return to the node that caches it (prefix affinity).
+//!
+//! Chats (OpenAI chat, Ollama chat, Anthropic messages, Responses with an item list): the
+//! system / developer messages (Anthropic and Ollama `system` fields too) and the first user
+//! message. Raw completions (OpenAI completions, Ollama generate, Responses with a string): the
+//! `system` field and the prompt's leading block, its first [`LEADING_BLOCK_CHARS`] characters
+//! (a shorter prompt is its own leading block). Embeddings and token-id prompts: none. The hash
+//! is a fixed function (SHA-256, first 8 bytes), the same in every replica.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::fields::{get, Obj};
+use super::Endpoint;
+
+/// Characters of a raw prompt that make its leading block.
+pub const LEADING_BLOCK_CHARS: usize = 1024;
+
+/// Hash and length (characters) of the stable prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    pub hash: u64,
+    pub chars: usize,
+}
+
+struct Acc {
+    sha: Sha256,
+    chars: usize,
+}
+
+impl Acc {
+    fn part(&mut self, tag: &str, v: &Value) {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        self.chars += text.chars().count();
+        self.sha.update(tag.as_bytes());
+        self.sha.update([0]);
+        self.sha.update(text.as_bytes());
+        self.sha.update([0]);
+    }
+
+    fn done(self) -> Prefix {
+        let out = self.sha.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&out[..8]);
+        Prefix {
+            hash: u64::from_be_bytes(first),
+            chars: self.chars,
+        }
+    }
+}
+
+/// The stable prefix of a parsed body for `ep`; None when it has none.
+pub fn stable_prefix(ep: Endpoint, obj: &Obj) -> Option<Prefix> {
+    let mut acc = Acc {
+        sha: Sha256::new(),
+        chars: 0,
+    };
+    if let Some(sys) = get(obj, "system") {
+        acc.part("system", sys);
+    }
+    let found = match ep {
+        Endpoint::OpenAIChat | Endpoint::OllamaChat | Endpoint::AnthropicMessages => {
+            messages(&mut acc, get(obj, "messages")?)
+        }
+        Endpoint::OpenAIResponses => {
+            if let Some(i) = get(obj, "instructions") {
+                acc.part("system", i);
+            }
+            match get(obj, "input")? {
+                Value::String(s) => leading(&mut acc, s),
+                items => messages(&mut acc, items),
+            }
+        }
+        Endpoint::OpenAICompletions | Endpoint::OllamaGenerate => match get(obj, "prompt")? {
+            Value::String(s) => leading(&mut acc, s),
+            Value::Array(a) => match a.first() {
+                Some(Value::String(s)) => leading(&mut acc, s),
+                _ => false,
+            },
+            _ => false,
+        },
+        Endpoint::OpenAIEmbeddings | Endpoint::OllamaEmbed | Endpoint::OllamaEmbeddings => false,
+    };
+    found.then(|| acc.done())
+}
+
+fn leading(acc: &mut Acc, s: &str) -> bool {
+    if s.is_empty() {
+        return false;
+    }
+    let block: String = s.chars().take(LEADING_BLOCK_CHARS).collect();
+    acc.part("prompt", &Value::String(block));
+    true
+}
+
+/// System messages up to and including the first user message; false without a user message.
+fn messages(acc: &mut Acc, v: &Value) -> bool {
+    let Value::Array(list) = v else { return false };
+    for m in list {
+        let Some(m) = m.as_object() else { return false };
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        let content = m.get("content").unwrap_or(&Value::Null);
+        match role {
+            "system" | "developer" => acc.part("system", content),
+            "user" => {
+                acc.part("user", content);
+                return true;
+            }
+            _ => return false,
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn prefix(ep: Endpoint, v: Value) -> Option<Prefix> {
+        match v {
+            Value::Object(o) => stable_prefix(ep, &o),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn later_turns_share_the_first_turns_prefix() {
+        let t1 = json!({"model":"m","messages":[
+            {"role":"system","content":"be brief"},
+            {"role":"user","content":"hello"}]});
+        let t3 = json!({"model":"m","messages":[
+            {"role":"system","content":"be brief"},
+            {"role":"user","content":"hello"},
+            {"role":"assistant","content":"hi"},
+            {"role":"user","content":"more"}]});
+        let other = json!({"model":"m","messages":[
+            {"role":"system","content":"be brief"},
+            {"role":"user","content":"goodbye"}]});
+        let a = prefix(Endpoint::OpenAIChat, t1).expect("chat has a prefix");
+        assert_eq!(Some(a), prefix(Endpoint::OpenAIChat, t3));
+        assert_ne!(Some(a), prefix(Endpoint::OpenAIChat, other));
+        assert_eq!(a.chars, "be brief".len() + "hello".len());
+    }
+
+    #[test]
+    fn anthropic_system_field_and_raw_prompts() {
+        let a = json!({"model":"c","system":"sys","messages":[{"role":"user","content":"q"}]});
+        let b = json!({"model":"c","system":"other","messages":[{"role":"user","content":"q"}]});
+        assert_ne!(
+            prefix(Endpoint::AnthropicMessages, a),
+            prefix(Endpoint::AnthropicMessages, b)
+        );
+        let long = "x".repeat(3000);
+        let grown = format!("{long} and then more");
+        assert_eq!(
+            prefix(Endpoint::OllamaGenerate, json!({"model":"m","prompt":long})),
+            prefix(
+                Endpoint::OllamaGenerate,
+                json!({"model":"m","prompt":grown})
+            )
+        );
+        assert_eq!(
+            prefix(Endpoint::OpenAIEmbeddings, json!({"model":"m","input":"x"})),
+            None
+        );
+        assert_eq!(
+            prefix(Endpoint::OpenAIChat, json!({"model":"m","messages":[]})),
+            None
+        );
+    }
+}

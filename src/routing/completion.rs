@@ -1,0 +1,289 @@
+//! Completion mode: each surviving (node, model) pair's predicted finish time, from live load and
+//! the rates learned for the pair (priors until observed). Pure: time is an argument.
+//!
+//! ```text
+//! total   = wait + load + prefill + decode
+//! wait    = ahead / seats x service          ahead = max(0, in_flight + pending + 1 - seats)
+//! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits)
+//! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
+//! decode  = output_tokens x spt(c)           spt(c) = spt1 + per_stream x (c - 1)
+//!                                            c = min(node in flight + 1, seats)
+//! ```
+//!
+//! `service` is the observed seat time of the pair, else this request's own prefill + decode;
+//! `output_tokens` the observed mean (capped by `max_tokens`), else min(`max_tokens`,
+//! `wait_heuristic_output_tokens`). Priors: decode from the node's `decode_tps`, else model GB
+//! over memory bandwidth (a token reads every weight once); prefill from the node's
+//! `prefill_tps`, else `completion_prefill_per_decode` x decode tokens/s. Exploration: a pair
+//! with no response in `completion_explore_after_s` (or none ever) has its prefill and decode
+//! multiplied by `completion_explore_factor`, so a node never tried is not ignored forever;
+//! deterministic in `now_ms`. Never for a turn of a conversation this gateway has served
+//! (`cached_on`): it goes where its cache is, unless that node is slower.
+
+use serde::Serialize;
+
+use super::policy::Policy;
+use super::types::{ModelLoad, ModelView, NodeView, Rates, RouteRequest};
+
+/// The predicted finish of one pair and the rates it came from (the explain row).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Prediction {
+    pub total_s: f64,
+    pub wait_s: f64,
+    pub load_s: f64,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    /// Requests that must leave a seat before this one runs.
+    pub ahead: u32,
+    /// Streams decoding on the node while this one does.
+    pub concurrency: u32,
+    /// Prompt tokens taken as cached on this node.
+    pub cached_tokens: u32,
+    pub output_tokens: f64,
+    /// Rates used: prompt tokens/s, output tokens/s at `concurrency`, seat time per request.
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+    pub service_s: f64,
+    /// Responses the rates were learned from (0: priors only).
+    pub observed: u32,
+    pub explored: bool,
+}
+
+/// What the prediction reads about one surviving pair.
+pub(super) struct Input<'a> {
+    pub req: &'a RouteRequest,
+    pub node: &'a NodeView,
+    pub model: &'a ModelView,
+    pub load: ModelLoad,
+    pub node_in_flight: u32,
+    pub rates: Rates,
+    pub needed_tokens: u64,
+    pub now_ms: u64,
+}
+
+const MIN_SPT: f64 = 1e-4;
+
+fn positive(x: Option<f64>) -> Option<f64> {
+    x.filter(|v| v.is_finite() && *v > 0.0)
+}
+
+/// The priors of a pair before any observation: (prompt tokens/s, seconds per output token of
+/// one stream), from the node's `prefill_tps` / `decode_tps`, else model GB over bandwidth.
+pub fn priors(p: &Policy, node: &NodeView, model: &ModelView) -> (f64, f64) {
+    let spt = match positive(node.decode_tps) {
+        Some(tps) => 1.0 / tps,
+        None => {
+            let bw = positive(node.bandwidth_gbps).unwrap_or(p.wait_heuristic_bandwidth_gbps);
+            model.size_gb.max(0.0) / bw
+        }
+    }
+    .max(MIN_SPT);
+    let prefill = positive(node.prefill_tps).unwrap_or(p.completion_prefill_per_decode / spt);
+    (prefill, spt)
+}
+
+/// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
+pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
+    let seats = x.node.seats.max(1);
+    let r = &x.rates;
+    // Decode: seconds per token of one stream, then at the node's concurrency.
+    let (_, prior_spt) = priors(p, x.node, x.model);
+    let spt1 = positive(r.decode_spt).unwrap_or(prior_spt).max(MIN_SPT);
+    let per_stream = if r.decode_spt_per_stream.is_finite() {
+        r.decode_spt_per_stream.max(0.0)
+    } else {
+        0.0
+    };
+    let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
+    let spt = spt1 + per_stream * f64::from(concurrency - 1);
+    let prefill_tps = positive(r.prefill_tps)
+        .or(positive(x.node.prefill_tps))
+        .unwrap_or(p.completion_prefill_per_decode / spt1);
+    let cap = x.req.max_output_tokens.map_or(f64::INFINITY, f64::from);
+    let output_tokens = match positive(r.output_tokens) {
+        Some(o) => o.min(cap),
+        None => f64::from(p.wait_heuristic_output_tokens).min(cap),
+    };
+    let cached = cached.min(x.req.prompt_tokens);
+    let overhead = if r.prefill_overhead_s.is_finite() {
+        r.prefill_overhead_s.max(0.0)
+    } else {
+        0.0
+    };
+    let mut prefill_s = overhead + f64::from(x.req.prompt_tokens - cached) / prefill_tps;
+    let mut decode_s = output_tokens * spt;
+    let service_s = positive(r.service_s).unwrap_or(prefill_s + decode_s);
+    // A turn of a conversation this gateway served goes where its cache is: no exploring.
+    let explored = x.req.cached_on.is_none()
+        && r.last_ms
+            .is_none_or(|t| x.now_ms.saturating_sub(t) > p.completion_explore_after_s * 1000);
+    if explored {
+        prefill_s *= p.completion_explore_factor;
+        decode_s *= p.completion_explore_factor;
+    }
+    let depth = x.load.in_flight.saturating_add(x.load.pending);
+    let ahead = depth.saturating_add(1).saturating_sub(seats);
+    let wait_s = f64::from(ahead) / f64::from(seats) * service_s;
+    let load_s = load_s(p, x);
+    let total_s = wait_s + load_s + prefill_s + decode_s;
+    Prediction {
+        total_s: if total_s.is_nan() {
+            f64::INFINITY
+        } else {
+            total_s
+        },
+        wait_s,
+        load_s,
+        prefill_s,
+        decode_s,
+        ahead,
+        concurrency,
+        cached_tokens: cached,
+        output_tokens,
+        prefill_tps,
+        decode_tps: 1.0 / spt,
+        service_s,
+        observed: r.observed,
+        explored,
+    }
+}
+
+/// Cold-load seconds: 0 when loaded with a window that holds the request (a smaller loaded
+/// window means a reload); observed load time, else size over read (or pull) speed.
+fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
+    let m = x.model;
+    let fits_loaded = m
+        .loaded_context
+        .is_none_or(|ctx| ctx == 0 || u64::from(ctx) >= x.needed_tokens);
+    if m.loaded && fits_loaded {
+        return 0.0;
+    }
+    let gb = m.resident_gb.unwrap_or(m.size_gb).max(0.0);
+    let read = positive(x.rates.load_s)
+        .unwrap_or_else(|| gb / positive(x.node.load_gbps).unwrap_or(p.completion_load_gbps));
+    if m.on_disk || m.loaded {
+        read
+    } else {
+        read + gb / p.completion_pull_gbps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::testkit::{loaded, model, node};
+
+    fn input<'a>(
+        req: &'a RouteRequest,
+        node: &'a NodeView,
+        rates: Rates,
+        load: ModelLoad,
+    ) -> Input<'a> {
+        Input {
+            req,
+            node,
+            model: &node.models[0],
+            load,
+            node_in_flight: load.in_flight,
+            rates,
+            needed_tokens: 2_000,
+            now_ms: 1_000_000,
+        }
+    }
+
+    fn learned() -> Rates {
+        Rates {
+            prefill_tps: Some(1_000.0),
+            decode_spt: Some(0.02),
+            decode_spt_per_stream: 0.01,
+            service_s: Some(4.0),
+            output_tokens: Some(100.0),
+            observed: 10,
+            last_ms: Some(999_000),
+            ..Rates::default()
+        }
+    }
+
+    #[test]
+    fn terms_add_up_from_learned_rates() {
+        let req = RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: 1_000,
+            ..RouteRequest::default()
+        };
+        let mut n = node("a", vec![loaded("m", 8.0)]);
+        n.seats = 2;
+        // 2 running, 1 waiting on 2 seats: 2 ahead, 2 streams decoding.
+        let x = input(&req, &n, learned(), crate::routing::testkit::queue(2, 1));
+        let p = predict(&Policy::default(), &x, 0);
+        assert_eq!(p.ahead, 2);
+        assert_eq!(p.concurrency, 2);
+        assert!(
+            (p.wait_s - 4.0).abs() < 1e-9,
+            "2 ahead / 2 seats x 4 s: {p:?}"
+        );
+        assert_eq!(p.load_s, 0.0);
+        assert!((p.prefill_s - 1.0).abs() < 1e-9);
+        assert!((p.decode_s - 100.0 * 0.03).abs() < 1e-9);
+        assert!((p.total_s - 8.0).abs() < 1e-9);
+        assert!(!p.explored);
+        // A cached prefix only shortens prefill.
+        let c = predict(&Policy::default(), &x, 600);
+        assert!((c.prefill_s - 0.4).abs() < 1e-9);
+        assert_eq!(c.cached_tokens, 600);
+        assert!((p.total_s - c.total_s - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cold_load_from_observation_else_size_over_read_speed() {
+        let req = RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: 10,
+            ..RouteRequest::default()
+        };
+        let n = node("a", vec![model("m", 40.0)]);
+        let q = ModelLoad::default();
+        let p = predict(&Policy::default(), &input(&req, &n, learned(), q), 0);
+        assert!((p.load_s - 20.0).abs() < 1e-9, "40 GB at 2 GB/s: {p:?}");
+        let seen = Rates {
+            load_s: Some(7.0),
+            ..learned()
+        };
+        let p = predict(&Policy::default(), &input(&req, &n, seen, q), 0);
+        assert_eq!(p.load_s, 7.0);
+        // A loaded window too small for the request means a reload.
+        let mut n = node("a", vec![loaded("m", 40.0)]);
+        n.models[0].loaded_context = Some(1_024);
+        let p = predict(&Policy::default(), &input(&req, &n, seen, q), 0);
+        assert_eq!(p.load_s, 7.0);
+    }
+
+    #[test]
+    fn priors_then_exploration_of_untried_pairs() {
+        let req = RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: 2_000,
+            max_output_tokens: Some(100),
+            ..RouteRequest::default()
+        };
+        let mut n = node("a", vec![loaded("m", 4.0)]);
+        n.decode_tps = Some(50.0);
+        let q = ModelLoad::default();
+        let p = predict(&Policy::default(), &input(&req, &n, Rates::default(), q), 0);
+        // Prior: 50 tok/s decode, 20 x 50 = 1000 tok/s prefill; explored at x0.5.
+        assert!(p.explored);
+        assert!((p.decode_tps - 50.0).abs() < 1e-9);
+        assert!((p.prefill_tps - 1_000.0).abs() < 1e-9);
+        assert!((p.total_s - 0.5 * (2.0 + 2.0)).abs() < 1e-9, "{p:?}");
+        // Observed long ago: explored again; recently: not.
+        let stale = Rates {
+            last_ms: Some(1_000_000 - 61_000),
+            ..learned()
+        };
+        assert!(predict(&Policy::default(), &input(&req, &n, stale, q), 0).explored);
+        // Without a decode prior: model GB over bandwidth (4 GB / 400 GB/s = 100 tok/s).
+        n.decode_tps = None;
+        let p = predict(&Policy::default(), &input(&req, &n, Rates::default(), q), 0);
+        assert!((p.decode_tps - 100.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,220 @@
+//! `decide` in completion mode: ranking by predicted finish, the fallback chain by time, the
+//! prefix credit, and the hard rules shared with spec mode.
+
+use super::decide::decide;
+use super::policy::Policy;
+use super::testkit::*;
+use super::types::*;
+
+fn completion() -> Policy {
+    Policy {
+        mode: Mode::Completion,
+        ..Policy::default()
+    }
+}
+
+fn req(models: &[&str], prompt: u32) -> RouteRequest {
+    RouteRequest {
+        models: models.iter().map(|m| m.to_string()).collect(),
+        prompt_tokens: prompt,
+        max_output_tokens: Some(200),
+        ..RouteRequest::default()
+    }
+}
+
+/// Rates of a node decoding at `tps` alone (prefill 20x), seen just now.
+fn seen(tps: f64) -> Rates {
+    Rates {
+        prefill_tps: Some(20.0 * tps),
+        decode_spt: Some(1.0 / tps),
+        output_tokens: Some(200.0),
+        observed: 20,
+        last_ms: Some(1_000_000),
+        ..Rates::default()
+    }
+}
+
+/// The home lab of issue 9: a workstation 4x faster than a laptop, both with the small model
+/// loaded. Spec 000's role affinity sends small models to the laptop; completion mode sends
+/// them where they finish first, until the workstation's seats are full.
+#[test]
+fn small_model_goes_to_the_fast_node_with_free_seats() {
+    let mut ws = node("workstation", vec![loaded("small", 4.0)]);
+    ws.seats = 8;
+    let laptop = node("laptop", vec![loaded("small", 4.0)]);
+    let mut laptop = laptop;
+    laptop.bandwidth_gbps = Some(100.0);
+    laptop.seats = 2;
+    let f = fleet(vec![ws, laptop]);
+    let loads = TableLoads::default()
+        .rated(0, "small", seen(40.0))
+        .rated(1, "small", seen(10.0));
+    let r = req(&["small"], 500);
+    let spec = decide(&r, &f, &Policy::default(), &loads, 1_000_000);
+    assert_eq!(
+        spec.winner().unwrap().node_id,
+        "laptop",
+        "spec 000 role affinity"
+    );
+    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    let w = d.winner().unwrap();
+    assert_eq!(w.node_id, "workstation");
+    assert!((w.predicted_s.unwrap() - (500.0 / 800.0 + 200.0 / 40.0)).abs() < 1e-9);
+    // All 8 seats busy and p waiting: (p + 1) / 8 x 5.625 s of wait. The workstation keeps
+    // winning until that exceeds the laptop's 22.5 s.
+    let busy = |pending| loads.clone().with(0, "small", queue(8, pending));
+    let d = decide(&r, &f, &completion(), &busy(20), 1_000_000);
+    assert_eq!(d.winner().unwrap().node_id, "workstation");
+    let d = decide(&r, &f, &completion(), &busy(30), 1_000_000);
+    assert_eq!(d.winner().unwrap().node_id, "laptop");
+}
+
+#[test]
+fn loaded_fallback_beats_cold_primary_only_when_it_finishes_first() {
+    // Primary 40 GB, cold (20 s at 2 GB/s); fallback loaded: the fallback wins.
+    let f = fleet(vec![
+        node("a", vec![model("big", 40.0)]),
+        node("b", vec![loaded("small", 4.0)]),
+    ]);
+    let loads = TableLoads::default()
+        .rated(0, "big", seen(20.0))
+        .rated(1, "small", seen(40.0));
+    let d = decide(
+        &req(&["big", "small"], 100),
+        &f,
+        &completion(),
+        &loads,
+        1_000_000,
+    );
+    let w = d.winner().unwrap();
+    assert_eq!((w.node_id.as_str(), w.fallback), ("b", true));
+    // A 1 GB primary loads in 0.5 s while the fallback's node is deep in queue: the primary.
+    let f = fleet(vec![
+        node("a", vec![model("big", 1.0)]),
+        node("b", vec![loaded("small", 4.0)]),
+    ]);
+    let deep = loads.clone().with(1, "small", queue(1, 5));
+    let d = decide(
+        &req(&["big", "small"], 100),
+        &f,
+        &completion(),
+        &deep,
+        1_000_000,
+    );
+    let w = d.winner().unwrap();
+    assert_eq!((w.node_id.as_str(), w.cold), ("a", true));
+    // A warm primary wins even when a fallback would be faster.
+    let f = fleet(vec![
+        node("a", vec![loaded("big", 40.0)]),
+        node("b", vec![loaded("small", 4.0)]),
+    ]);
+    let d = decide(
+        &req(&["big", "small"], 100),
+        &f,
+        &completion(),
+        &loads,
+        1_000_000,
+    );
+    assert_eq!(d.winner().unwrap().model, "big");
+    assert_eq!(d.ranked[1].model, "small");
+}
+
+#[test]
+fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens() {
+    let f = fleet(vec![
+        node("a", vec![loaded("m", 4.0)]),
+        node("b", vec![loaded("m", 4.0)]),
+        node("c", vec![loaded("m", 4.0)]),
+    ]);
+    let mut loads = TableLoads::default();
+    for i in 0..3 {
+        loads = loads.rated(i, "m", seen(40.0));
+    }
+    let key = 42u64;
+    let owner = (0..3)
+        .max_by_key(|i| super::rendezvous_weight(key, &f.nodes[*i].id))
+        .unwrap();
+    let r = RouteRequest {
+        affinity_key: Some(key),
+        cached_prefix_tokens: 3_000,
+        ..req(&["m"], 4_000)
+    };
+    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    assert_eq!(d.winner().unwrap().node, owner);
+    assert_eq!(d.affinity, AffinityKind::Matched);
+    let Verdict::Predicted { prediction } = d.table[owner].verdict else {
+        panic!("owner predicted")
+    };
+    assert_eq!(prediction.cached_tokens, 3_000);
+    let other = (owner + 1) % 3;
+    let Verdict::Predicted { prediction } = d.table[other].verdict else {
+        panic!("other predicted")
+    };
+    assert_eq!(prediction.cached_tokens, 0);
+    // The owner's one seat is taken and two wait: another node finishes sooner.
+    let busy = loads.clone().with(owner, "m", queue(1, 2));
+    let d = decide(&r, &f, &completion(), &busy, 1_000_000);
+    assert_ne!(d.winner().unwrap().node, owner);
+    assert_eq!(d.affinity, AffinityKind::Spilled);
+    // The node this gateway saw serve the conversation holds it, not the rendezvous node.
+    let r = RouteRequest {
+        cached_on: Some(f.nodes[other].id.clone()),
+        ..r
+    };
+    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    assert_eq!(d.winner().unwrap().node, other);
+}
+
+#[test]
+fn hard_rules_are_the_same_in_both_modes() {
+    let mut small = node("small-window", vec![loaded("m", 4.0)]);
+    small.models[0].max_context = 4_096;
+    small.models[0].loaded_context = Some(4_096);
+    let mut off = node("offline", vec![loaded("m", 4.0)]);
+    off.health = Health::Offline;
+    let mut tagged = node("no-vision", vec![loaded("m", 4.0)]);
+    tagged.tags = vec![];
+    let mut vision = node("vision", vec![model("m", 4.0)]);
+    vision.tags = vec!["vision".into()];
+    let f = fleet(vec![small, off, tagged, vision]);
+    let r = RouteRequest {
+        required_tags: vec!["vision".into()],
+        ..req(&["m"], 8_000)
+    };
+    let loads = TableLoads::default();
+    let spec = decide(&r, &f, &Policy::default(), &loads, 0);
+    let comp = decide(&r, &f, &completion(), &loads, 0);
+    let reasons = |d: &Decision| {
+        d.table
+            .iter()
+            .map(|row| match row.verdict {
+                Verdict::Eliminated { reason } => Some(reason),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(reasons(&spec), reasons(&comp));
+    assert_eq!(comp.winner().unwrap().node_id, "vision");
+    assert!(comp.winner().unwrap().cold);
+    // Nothing fits: the same no-route cause.
+    let huge = req(&["m"], 1_000_000);
+    assert_eq!(
+        decide(&huge, &f, &completion(), &loads, 0).no_route,
+        Some(NoRoute::ContextTooLong)
+    );
+}
+
+#[test]
+fn a_deeper_queue_is_never_predicted_sooner() {
+    let f = fleet(vec![node("a", vec![loaded("m", 4.0)])]);
+    let mut last = 0.0;
+    for pending in 0..20 {
+        let loads = TableLoads::default()
+            .rated(0, "m", seen(30.0))
+            .with(0, "m", queue(1, pending));
+        let d = decide(&req(&["m"], 1_000), &f, &completion(), &loads, 1_000_000);
+        let t = d.winner().unwrap().predicted_s.unwrap();
+        assert!(t > last, "pending {pending}: {t} <= {last}");
+        last = t;
+    }
+}

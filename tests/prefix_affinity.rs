@@ -1,0 +1,151 @@
+//! Completion mode with header-less prefix affinity, end to end: a multi-turn chat without any
+//! conversation header stays on the node that holds its prefix while that node has room,
+//! spills when its queue deepens, and a second gateway over the same fleet picks the same node.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const MODEL: &str = "m:7b";
+
+/// Three equal nodes with prefix caches; the chat's ~750-token system prompt takes 250 ms to
+/// prefill, far more than the scheduling noise of a loaded test machine.
+fn spec() -> String {
+    format!(
+        "seats: 2\ntokens_per_sec: 100\nttft_ms: 20\nprefill_tokens_per_sec: 3000\nprefix_cache_entries: 16\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {{name: {MODEL}, size_gb: 5, loaded: true}}\n"
+    )
+}
+
+fn config(sims: &[fleetgate::sim::SimHandle]) -> String {
+    let nodes: Vec<String> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| node(&format!("n{i}"), s, "      capacity: 2\n"))
+        .collect();
+    format!(
+        "health:\n  poll_interval_ms: 600000\nrouting:\n  mode: completion\n{}",
+        fleet(&nodes)
+    )
+}
+
+/// The first `turns` turns of one chat: a long system prompt, then user / assistant turns.
+fn chat(turns: usize) -> Value {
+    chat_of("You are terse. ", turns)
+}
+
+fn chat_of(system: &str, turns: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": system.repeat(200)})];
+    for t in 0..turns {
+        if t > 0 {
+            messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+        messages.push(json!({"role": "user", "content": format!("question {t} about the plan")}));
+    }
+    json!({"model": MODEL, "max_tokens": 8, "messages": messages})
+}
+
+async fn send(gw: &Gateway, body: &Value, pin: Option<&str>) -> (String, String) {
+    let mut rq = client().post(gw.url("/v1/chat/completions")).json(body);
+    if let Some(p) = pin {
+        rq = rq.header("x-fleet-pin-node", p);
+    }
+    let r = rq.send().await.expect("request");
+    assert_eq!(r.status(), 200);
+    let node = r.headers()["x-fleet-node"].to_str().unwrap().to_string();
+    let affinity = r
+        .headers()
+        .get("x-fleet-affinity")
+        .map_or("-", |v| v.to_str().unwrap())
+        .to_string();
+    r.bytes().await.expect("body");
+    (node, affinity)
+}
+
+#[test]
+fn header_less_chat_stays_spills_and_agrees_across_gateways() {
+    let rt = runtime();
+    let sims: Vec<_> = (0..3).map(|_| sim(&rt, &spec())).collect();
+    let gw = Gateway::start(&config(&sims));
+    let gw2 = Gateway::start(&config(&sims));
+    rt.block_on(async {
+        // Every node answers a request of another chat first, so each has learned rates.
+        for i in 0..3 {
+            send(&gw, &chat_of("Warm up. ", 1), Some(&format!("n{i}"))).await;
+        }
+        // Six turns, no conversation header: one node, and it says so.
+        let (home, affinity) = send(&gw, &chat(1), None).await;
+        assert_eq!(affinity, "matched");
+        for turns in 2..=6 {
+            let (node, affinity) = send(&gw, &chat(turns), None).await;
+            assert_eq!(
+                (node.as_str(), affinity.as_str()),
+                (home.as_str(), "matched")
+            );
+        }
+        // A second gateway that never saw the chat picks the same node for its next turn.
+        let (node, affinity) = send(&gw2, &chat(7), None).await;
+        assert_eq!(
+            (node.as_str(), affinity.as_str()),
+            (home.as_str(), "matched")
+        );
+        // The home node's prefix cache served turns 2..7; the others never saw the chat.
+        let idx: usize = home[1..].parse().expect("node index");
+        let stats: Vec<_> = sims.iter().map(|s| s.control().stats()).collect();
+        assert!(
+            stats[idx].prefix_hits >= 6,
+            "home hits: {}",
+            stats[idx].prefix_hits
+        );
+        assert!(stats[idx].prefix_tokens_reused >= 6 * 700);
+        for (i, s) in stats.iter().enumerate().filter(|(i, _)| *i != idx) {
+            assert_eq!(s.prefix_hits, 0, "n{i} never held the chat");
+        }
+
+        // The home node's seats fill and six more wait behind them (a cached turn takes
+        // ~0.1 s, the cache saves ~0.25 s): the next turn spills.
+        let ctl = control(&sims[idx]);
+        ctl.hold_first_token(true);
+        let mut parked = Vec::new();
+        for _ in 0..8 {
+            let url = gw.url("/v1/chat/completions");
+            let pin = home.clone();
+            parked.push(tokio::spawn(async move {
+                let body = json!({"model": MODEL, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "filler"}]});
+                client()
+                    .post(url)
+                    .header("x-fleet-pin-node", pin)
+                    .json(&body)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            }));
+        }
+        let counters = gw.fleet.node(idx).counters(MODEL);
+        eventually("home node: 2 in flight, 6 waiting", || {
+            let c = counters.clone();
+            async move {
+                c.in_flight.load(std::sync::atomic::Ordering::Relaxed) == 2
+                    && c.pending.load(std::sync::atomic::Ordering::Relaxed) == 6
+            }
+        })
+        .await;
+        let explain: Value = client()
+            .post(gw.admin_url("/fleet/explain/v1/chat/completions"))
+            .json(&chat(7))
+            .send()
+            .await
+            .expect("explain")
+            .json()
+            .await
+            .expect("explain JSON");
+        let (node, affinity) = send(&gw, &chat(7), None).await;
+        assert_ne!(node, home, "a busy home node is passed over: {explain:#}");
+        assert_eq!(affinity, "spilled", "{explain:#}");
+        ctl.release();
+        for p in parked {
+            assert_eq!(p.await.expect("join").expect("parked request"), 200);
+        }
+    });
+}
