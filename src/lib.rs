@@ -14,3 +14,4 @@ pub mod routing;
 pub mod server;
 pub mod services;
 pub mod sim;
+pub mod tenant;

@@ -49,12 +49,12 @@ pub const CLIENT_REFUSALS_TOTAL: &str = "fleetgate_client_refusals_total";
 
 /// Buckets for whole-request latency: LLM requests run from milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
 ];
 /// Time per output token: 1 ms (fast GPU) to 1 s (a 70B model on a laptop).
 const TPOT_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const TTFT_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
 pub struct Metrics {
@@ -343,6 +343,7 @@ pub fn register_nodes<'a>(ids: impl IntoIterator<Item = &'a str>) {
 /// Prometheus text exposition of every family.
 pub fn encode() -> String {
     let mut buf = Vec::new();
+    Lazy::force(&TENANT_METRICS);
     let _ = TextEncoder::new().encode(&METRICS.registry.gather(), &mut buf);
     String::from_utf8(buf).unwrap_or_default()
 }
@@ -383,6 +384,87 @@ pub fn record_decision(d: &crate::routing::Decision, pinned: bool) {
     for k in kinds {
         METRICS.decisions.with_label_values(&[k]).inc();
     }
+}
+
+pub const TENANT_REQUESTS_TOTAL: &str = "fleetgate_tenant_requests_total";
+pub const TENANT_TOKENS_TOTAL: &str = "fleetgate_tenant_tokens_total";
+pub const TENANT_ERRORS_TOTAL: &str = "fleetgate_tenant_errors_total";
+pub const TENANT_REJECTIONS_TOTAL: &str = "fleetgate_tenant_rejections_total";
+pub const TENANT_IN_FLIGHT: &str = "fleetgate_tenant_in_flight_requests";
+
+/// Per-tenant usage. The tenant label is a tenant id from config (`auth:` / `tenants:`) or
+/// `default` when auth is off: bounded, never a key.
+pub struct TenantMetrics {
+    /// Requests by tenant and HTTP status.
+    pub requests: IntCounterVec,
+    /// Prompt and completion tokens by tenant (`kind`): the node's usage when it reports one,
+    /// else the gateway's estimate.
+    pub tokens: IntCounterVec,
+    /// Error answers by tenant and stable code.
+    pub errors: IntCounterVec,
+    /// Requests refused by a tenant limit (`in_flight`, `queued`, `requests_per_min`,
+    /// `tokens_per_min`).
+    pub rejections: IntCounterVec,
+    pub in_flight: IntGaugeVec,
+}
+
+fn build_tenant() -> Result<TenantMetrics, prometheus::Error> {
+    let t = TenantMetrics {
+        requests: IntCounterVec::new(
+            opts!(TENANT_REQUESTS_TOTAL, "Requests by tenant and HTTP status"),
+            &["tenant", "status"],
+        )?,
+        tokens: IntCounterVec::new(
+            opts!(
+                TENANT_TOKENS_TOTAL,
+                "Tokens by tenant and kind (prompt, completion); node usage, else estimates"
+            ),
+            &["tenant", "kind"],
+        )?,
+        errors: IntCounterVec::new(
+            opts!(
+                TENANT_ERRORS_TOTAL,
+                "Error answers by tenant and stable code"
+            ),
+            &["tenant", "code"],
+        )?,
+        rejections: IntCounterVec::new(
+            opts!(
+                TENANT_REJECTIONS_TOTAL,
+                "Requests refused by a tenant limit (429)"
+            ),
+            &["tenant", "limit"],
+        )?,
+        in_flight: IntGaugeVec::new(
+            opts!(
+                TENANT_IN_FLIGHT,
+                "Requests of the tenant running or waiting"
+            ),
+            &["tenant"],
+        )?,
+    };
+    METRICS.registry.register(Box::new(t.requests.clone()))?;
+    METRICS.registry.register(Box::new(t.tokens.clone()))?;
+    METRICS.registry.register(Box::new(t.errors.clone()))?;
+    METRICS.registry.register(Box::new(t.rejections.clone()))?;
+    METRICS.registry.register(Box::new(t.in_flight.clone()))?;
+    Ok(t)
+}
+
+/// Per-tenant families, registered in [`METRICS`]'s registry on first use (and by `encode`).
+pub static TENANT_METRICS: Lazy<TenantMetrics> =
+    Lazy::new(|| build_tenant().expect("tenant metric families are unique"));
+
+/// Zero-valued series for a tenant, so dashboards show 0 from the first scrape.
+pub fn register_tenant(tenant: &str) {
+    let t = &*TENANT_METRICS;
+    for kind in ["prompt", "completion"] {
+        t.tokens.with_label_values(&[tenant, kind]);
+    }
+    for limit in ["in_flight", "queued", "requests_per_min", "tokens_per_min"] {
+        t.rejections.with_label_values(&[tenant, limit]);
+    }
+    t.in_flight.with_label_values(&[tenant]);
 }
 
 #[cfg(test)]

@@ -13,6 +13,10 @@ pub struct FleetStatus {
     pub nodes: Vec<NodeStatus>,
     /// Calibrated chars-per-token per model (from `usage`), when any.
     pub chars_per_token: Vec<(String, f64)>,
+    /// Fitted per-request prompt overhead (chat template tokens) per model, when any.
+    pub prompt_overhead_tokens: Vec<(String, f64)>,
+    /// Per tenant: limits, what is in flight and queued, usage since start.
+    pub tenants: Vec<crate::tenant::TenantStatus>,
 }
 
 #[derive(Serialize)]
@@ -172,6 +176,8 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
     FleetStatus {
         nodes,
         chars_per_token: fleet.calibration.snapshot(),
+        prompt_overhead_tokens: fleet.calibration.overheads(),
+        tenants: fleet.tenants.status(&fleet.config().tenancy, now_ms()),
     }
 }
 

@@ -32,6 +32,12 @@ pub struct FileConfig {
     pub agent: Option<AgentFile>,
     #[serde(default)]
     pub access_log: AccessLogFile,
+    /// API keys -> tenants; auth is on when any key is configured.
+    #[serde(default)]
+    pub auth: super::tenants::AuthFile,
+    /// Tenant id -> weight and limits.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, super::tenants::TenantFile>,
     #[serde(default)]
     pub clients: super::ClientsFile,
     #[serde(default)]
@@ -273,6 +279,9 @@ pub struct ModelsFile {
     pub fallbacks: BTreeMap<String, Vec<String>>,
     /// Models served only by nodes that have them loaded (spec 004 warm-only rule).
     pub require_warm: Vec<String>,
+    /// Models whose output budget is clamped to the chosen node's window when the prompt fits
+    /// but prompt + requested output would not (spec 003 lease `maxTokens`); opt-in.
+    pub clamp_output: Vec<String>,
     /// Coding-agent model ids mapped by tier to what the fleet has.
     pub resolve: super::resolve::ResolveFile,
 }

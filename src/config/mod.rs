@@ -6,6 +6,7 @@ mod env;
 mod file;
 mod node;
 mod resolve;
+pub mod tenants;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -54,6 +55,10 @@ pub struct Config {
     /// Accepted for heartbeats besides the admin token (`fleet.agent_token`).
     pub agent_token: Option<String>,
     pub access_log: AccessLog,
+    /// API keys, tenants and their limits (`auth:`, `tenants:`).
+    pub tenancy: tenants::Tenancy,
+    /// Models whose output budget may be clamped to fit a window (`models.clamp_output`).
+    pub clamp_output: Vec<String>,
     pub clients: Clients,
     pub admission: AdmissionFile,
     pub timeouts: TimeoutsFile,
@@ -253,6 +258,13 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let tenancy = tenants::validate(
+        &mut errors,
+        f.auth,
+        f.tenants,
+        |k| std::env::var(k).ok(),
+        |p| std::fs::read_to_string(p),
+    );
     let clients = f.clients.validate(f.limits.max_body_bytes, &mut errors);
     admission::validate(&mut errors, &f.admission, &f.timeouts);
     let mut seen = HashSet::new();
@@ -334,6 +346,8 @@ pub fn validate(f: FileConfig) -> Result<Config, ConfigError> {
         allow_registration: f.fleet.allow_registration,
         agent_token: f.fleet.agent_token.filter(|t| !t.is_empty()),
         access_log,
+        tenancy,
+        clamp_output: f.models.clamp_output,
         clients,
         admission: f.admission,
         timeouts: f.timeouts,

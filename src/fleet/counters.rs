@@ -1,12 +1,10 @@
 //! Per node:model state: seats in use, waiting requests, latency window (p75), tokens/s.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 use super::Breaker;
-use crate::queue::Waiter;
 use crate::routing::ModelLoad;
 
 const WINDOW: usize = 128;
@@ -20,7 +18,7 @@ pub struct ModelCounters {
     /// Seats: most requests in flight at once for this node:model (0 until known; 1 is used).
     pub limit: AtomicU32,
     /// Waiting requests, oldest first.
-    pub(crate) waiters: Mutex<VecDeque<Waiter>>,
+    pub(crate) waiters: Mutex<crate::queue::WaitQueue>,
     /// p75 of the latency window in ms, as f64 bits (0 = no history).
     p75_bits: AtomicU64,
     /// EWMA of output tokens/s, as f64 bits (0 = unknown).
@@ -34,6 +32,8 @@ pub struct ModelCounters {
     reported_waiting: AtomicU32,
     /// The node:model circuit breaker (model-specific faults: 5xx, broken streams).
     pub breaker: Mutex<Breaker>,
+    /// Endpoints this node:model answered "not here" for (no fault, not the breaker's).
+    pub not_capable: super::capable::NotCapable,
     /// Rates learned from this pair's responses (completion mode).
     pub rates: Mutex<super::PairRates>,
 }

@@ -5,6 +5,7 @@
 
 mod breaker;
 mod calibrate;
+pub mod capable;
 mod counters;
 mod heartbeat;
 mod learning;
@@ -123,6 +124,8 @@ pub struct Fleet {
     pub board: Arc<crate::queue::Board>,
     /// Background actions in progress (pre-warm loads, pulls), one per key.
     pub ops: crate::services::ops::Ops,
+    /// Per-tenant limits state and usage.
+    pub tenants: crate::tenant::Book,
     /// Which node holds each conversation's prefix (completion mode's cache credit).
     pub prefixes: PrefixMemory,
     /// Client connections and buffered request bodies (`clients:`).
@@ -145,6 +148,7 @@ impl Fleet {
             calibration: Calibration::default(),
             changed: tokio::sync::Notify::new(),
             board: Arc::default(),
+            tenants: crate::tenant::Book::default(),
             ops: Default::default(),
             prefixes: PrefixMemory::default(),
             clients: Arc::default(),
@@ -258,6 +262,19 @@ impl Fleet {
         crate::queue::acquire(idx, &self.node(idx), model)
     }
 
+    /// `acquire` for a tenant's request: seats go to waiting tenants in weighted fair order.
+    pub fn acquire_as(
+        &self,
+        idx: usize,
+        model: &str,
+        share: &crate::queue::Share,
+    ) -> crate::queue::Acquire {
+        if !self.on_dispatch(idx, model) {
+            return crate::queue::Acquire::Refused;
+        }
+        crate::queue::acquire_as(idx, &self.node(idx), model, share)
+    }
+
     /// A request is being sent to node:model: false when a breaker turns it away (open, or
     /// half-open with the trial already out); otherwise a half-open breaker makes it the one
     /// trial. Both breakers are checked and marked under their locks, so two requests decided
@@ -293,8 +310,16 @@ impl Fleet {
                 }
             }
         }
-        let changed = node.live.lock().apply(report, failures_before_offline);
+        let (changed, before, after) = {
+            let mut live = node.live.lock();
+            let before = live::Seen::of(&live);
+            let changed = live.apply(report, failures_before_offline);
+            (changed, before, live::Seen::of(&live))
+        };
         if changed {
+            for line in before.changes(&after) {
+                log::info!("node {}: {line}", self.node_config(idx).id);
+            }
             self.publish();
         }
         changed
@@ -303,6 +328,31 @@ impl Fleet {
     /// The node answered a request for `model` with success: it is loaded there now, whatever
     /// the last poll said (a cold load just happened). Routing sees it at once, not at the
     /// next poll, so a burst for a cold model queues at the node that loaded it.
+    /// Node `idx` answered `status` ("not here") for `endpoint` on `model`: routing leaves
+    /// that pair out for it until the recheck ([`capable::RECHECK_MS`]).
+    pub fn mark_not_capable(
+        &self,
+        idx: usize,
+        model: &str,
+        endpoint: &'static str,
+        status: u16,
+        now: u64,
+    ) {
+        if self
+            .node(idx)
+            .counters(model)
+            .not_capable
+            .mark(endpoint, now)
+        {
+            log::info!(
+                "node {}: {model} not capable of {endpoint} (answered {status}); rechecked in {} s",
+                self.node_config(idx).id,
+                capable::RECHECK_MS / 1000
+            );
+            self.publish();
+        }
+    }
+
     pub fn mark_loaded(&self, idx: usize, model: &str) {
         {
             let node = self.node(idx);

@@ -34,11 +34,16 @@ fn queue_state(c: &ModelCounters, ahead: u32) -> QueueState {
 
 /// Walk the ranked candidates: a free seat wins; else the first queue that admits the request.
 /// `on_board`: the request already counts among the waiting (it was in the holding queue).
-pub fn pick(fleet: &Fleet, decision: &Decision, on_board: bool) -> Pick {
+pub fn pick(
+    fleet: &Fleet,
+    decision: &Decision,
+    on_board: bool,
+    share: &crate::queue::Share,
+) -> Pick {
     let limits = &fleet.config().admission;
     let mut refusal: Option<Refusal> = None;
     for (i, c) in decision.ranked.iter().enumerate() {
-        match fleet.acquire(c.node, &c.model) {
+        match fleet.acquire_as(c.node, &c.model, share) {
             Acquire::Ready(lease) => return Pick::Ready(c.clone(), lease),
             Acquire::Refused if i == 0 => return Pick::BreakerRefused,
             Acquire::Refused => continue,

@@ -11,7 +11,7 @@ use super::access_log::{AccessLog, Arrival};
 use super::attempt::{self, Ended};
 use super::dispatch::{Attempts, Dispatch};
 use super::place::Unplaced;
-use super::{intake, local, place, respond, xlate};
+use super::{budget, intake, local, place, respond, tenancy, xlate};
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::protocol::{self, ErrorCode, Family};
@@ -26,11 +26,15 @@ pub async fn client_request(
     let mut arrival = Arrival::new(session.req_header());
     let method = session.req_header().method.as_str().to_string();
     let path = session.req_header().uri.path().to_string();
+    let family = respond::family_of_path(&path);
+    let Some(tenant) = tenancy::authenticate(fleet, session, log, &mut arrival, family).await?
+    else {
+        return Ok(());
+    };
     if let Some(l) = protocol::detect_local(&method, &path) {
         return local::answer(session, fleet, l).await;
     }
     let Some(ep) = protocol::detect(&method, &path) else {
-        let family = respond::family_of_path(&path);
         let msg = format!("unknown endpoint {method} {path}");
         let code = ErrorCode::NotFound;
         return fail(session, log, &arrival, family, code, &msg).await;
@@ -50,13 +54,29 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
-    let placement = match place::place(fleet, session, ep, &parsed, &req, arrived, true).await? {
+    let Some(pass) = tenancy::admit(fleet, session, log, &arrival, family, &tenant, &req).await?
+    else {
+        return Ok(());
+    };
+    // Output budget fit (opt-in): route on the prompt alone, clamp per chosen node below.
+    let opted_in = fleet.config().clamp_output.contains(&req.models[0]);
+    let clamped_req = budget::routable(&req, &fleet.view(), opted_in);
+    let route_req = clamped_req.as_ref().unwrap_or(&req);
+    let clamp = clamped_req.as_ref().map(|_| &req);
+    let first = place::Terms {
+        arrived,
+        may_hold: true,
+        pass: &pass,
+    };
+    let placement = match place::place(fleet, session, ep, &parsed, route_req, first).await? {
         Ok(p) => p,
         Err(Unplaced::Error(code, msg)) => {
-            return fail(session, log, &arrival, family, code, &msg).await
+            tenancy::record_local(&pass, code, &req);
+            return fail(session, log, &arrival, family, code, &msg).await;
         }
         Err(Unplaced::Refused(r)) => {
             let code = ErrorCode::QueueFull;
+            tenancy::record_local(&pass, code, &req);
             let body = protocol::error_body(family, code, &r.message);
             record_local(arrival.protocol, code);
             log.write(&arrival.local(code, body.len()));
@@ -67,10 +87,13 @@ pub async fn client_request(
     let mut placement = placement;
     let mut retries = 0;
     loop {
-        let d = match dispatch_for(fleet, ep, &parsed, &req, &body, placement, retries) {
+        let d = match dispatch_for(
+            fleet, ep, &parsed, route_req, &body, placement, retries, clamp,
+        ) {
             Ok(d) => d,
             Err(msg) => {
                 let code = ErrorCode::InvalidRequest;
+                tenancy::record_local(&pass, code, &req);
                 return fail(session, log, &arrival, family, code, &msg).await;
             }
         };
@@ -90,6 +113,7 @@ pub async fn client_request(
             // Accounted even when the client went away mid-response: the node did the work.
             record(&d, log, &arrival);
             super::outcome::account(fleet, &d);
+            tenancy::record_dispatch(&pass, &d, &req);
             return ended.map(|_| ());
         }
         // Nothing reached the client: the breaker hears of it, the seat is freed, and the
@@ -104,9 +128,14 @@ pub async fn client_request(
         };
         let mut also = None;
         if spent < d.max_retries {
-            let mut again = req.clone();
+            let mut again = route_req.clone();
             again.tried = d.tried_nodes();
-            match place::place(fleet, session, ep, &parsed, &again, arrived, false).await? {
+            let terms = place::Terms {
+                arrived,
+                may_hold: false,
+                pass: &pass,
+            };
+            match place::place(fleet, session, ep, &parsed, &again, terms).await? {
                 Ok(p) => {
                     METRICS.retries.with_label_values(&[&failed]).inc();
                     placement = p;
@@ -115,6 +144,7 @@ pub async fn client_request(
                 }
                 Err(Unplaced::Gone) => {
                     record(&d, log, &arrival);
+                    tenancy::record_dispatch(&pass, &d, &req);
                     return place::answer(session, ep, Unplaced::Gone).await;
                 }
                 Err(Unplaced::Error(_, msg)) => also = Some(format!("no other node: {msg}")),
@@ -123,11 +153,13 @@ pub async fn client_request(
         }
         let result = attempt::answer_unsent(session, &d, also.as_deref()).await;
         record(&d, log, &arrival);
+        tenancy::record_dispatch(&pass, &d, &req);
         return result;
     }
 }
 
 /// The dispatch of one attempt: the placement's seat and candidates, the body for its model.
+#[allow(clippy::too_many_arguments)] // one call site; `clamp` is the opt-in budget fit
 fn dispatch_for(
     fleet: &Fleet,
     ep: protocol::Endpoint,
@@ -136,6 +168,7 @@ fn dispatch_for(
     body: &bytes::Bytes,
     mut placement: place::Placement,
     retries: u32,
+    clamp: Option<&crate::routing::RouteRequest>,
 ) -> std::result::Result<Arc<Dispatch>, String> {
     let model = placement.ranked[0].model.clone();
     let learn = super::dispatch::LearnInput {
@@ -152,6 +185,15 @@ fn dispatch_for(
         protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
     } else {
         body.clone()
+    };
+    // Clamped in the client's protocol, before any translation carries it over.
+    let clamped = clamp.and_then(|asked| {
+        let view = fleet.view();
+        budget::clamp_for(asked, view.nodes.get(placement.ranked[0].node)?, &model)
+    });
+    let body = match clamped {
+        Some(max) => budget::rewrite(ep, &body, max).unwrap_or(body),
+        None => body,
     };
     let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
     let body = xlate::request(ep, upstream, body)?;
@@ -172,6 +214,7 @@ fn dispatch_for(
         state: Mutex::new(Attempts {
             lease: Some(placement.lease),
             retries,
+            clamped_max_tokens: clamped,
             ..Attempts::default()
         }),
     }))
@@ -248,7 +291,10 @@ fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
         .duration
         .with_label_values(&labels)
         .observe(total.as_secs_f64());
-    if let Some(fb) = st.first_byte {
+    // Time to first token means something for a streamed success only (a non-streaming
+    // request's first byte is its whole answer; an error has no token).
+    let ok = (200..300).contains(&status_code);
+    if let Some(fb) = st.first_byte.filter(|_| ok && d.stream) {
         METRICS
             .ttft
             .with_label_values(&labels)

@@ -135,6 +135,18 @@ pub fn tenant(h: &RequestHeader) -> String {
     }
 }
 
+/// The tenant that conversation keys are HMAC'd with: the configured tenant id with auth on
+/// (all of a tenant's keys share its conversations), else the digest of the key (`tenant`).
+pub fn affinity_tenant(config: &Config, h: &RequestHeader) -> String {
+    if config.tenancy.auth_enabled() {
+        crate::tenant::auth::identify(&config.tenancy, h)
+            .unwrap_or("unauthenticated")
+            .to_string()
+    } else {
+        tenant(h)
+    }
+}
+
 /// Build what routing sees from the parsed body and the request headers.
 /// `chars_per_token` is the primary model's, calibrated from what the nodes report.
 pub fn route_request(
@@ -175,11 +187,17 @@ pub fn route_request(
         family: Some(ep.family()),
         translatable: protocol::translate::translatable(ep).to_vec(),
         prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),
-        max_output_tokens: parsed.max_tokens,
+        // An embedding produces no output tokens: no reserve for them.
+        max_output_tokens: if ep.is_embedding() {
+            Some(0)
+        } else {
+            parsed.max_tokens
+        },
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
         affinity_key: affinity_key(config, parsed, h, &primary),
         require_warm: config.routing.require_warm || config.require_warm.contains(&primary),
+        endpoint: Some(ep.label()),
         ..RouteRequest::default()
     }
 }
@@ -194,13 +212,14 @@ fn affinity_key(
     model: &str,
 ) -> Option<u64> {
     let secret = config.routing.affinity_secret.as_bytes();
+    let tenant = affinity_tenant(config, h);
     if let Some(tag) = header_str(h, CONVERSATION_HEADER) {
-        return Some(conversation_key(secret, &tenant(h), tag));
+        return Some(conversation_key(secret, &tenant, tag));
     }
     let implicit = config.routing.prefix_affinity
         && config.routing.policy.mode == crate::routing::Mode::Completion;
     let prefix = parsed.prefix.filter(|_| implicit)?;
-    Some(prefix_key(secret, &tenant(h), model, prefix.hash))
+    Some(prefix_key(secret, &tenant, model, prefix.hash))
 }
 
 /// Tokens of the conversation a node already caches, and which node: what this gateway saw
@@ -239,6 +258,13 @@ pub fn prepare(
         .calibration
         .chars_per_token(primary, config.routing.chars_per_token);
     let mut req = route_request(&config, ep, &parsed, h, cpt);
+    // The calibrated estimate: fitted template overhead + rate, never above what was served.
+    let text =
+        fleet
+            .calibration
+            .text_tokens(primary, parsed.prompt_chars, config.routing.chars_per_token);
+    let fixed = u64::from(super::outcome::fixed_tokens(&parsed));
+    req.prompt_tokens = u32::try_from(text.saturating_add(fixed)).unwrap_or(u32::MAX);
     if let Some(m) = tiered {
         req.require_warm |= config.require_warm.contains(&m);
         req.models[0] = m;

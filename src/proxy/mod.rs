@@ -9,6 +9,7 @@
 pub mod access_log;
 mod admit;
 mod attempt;
+mod budget;
 pub mod conn;
 mod dispatch;
 mod framing;
@@ -17,8 +18,10 @@ pub mod intake;
 mod local;
 pub mod observe;
 mod outcome;
+mod overflow;
 mod place;
 mod respond;
+mod tenancy;
 mod watch;
 mod xlate;
 
@@ -222,13 +225,16 @@ impl ProxyHttp for Gateway {
         if c.cold && resp.status.is_success() {
             self.fleet.mark_loaded(c.node, &c.model);
         }
-        let retries = {
+        let (retries, clamped) = {
             let mut st = d.state.lock();
             st.status = Some(resp.status.as_u16());
             st.upstream_status = Some(resp.status.as_u16());
             st.last_activity = Some(Instant::now());
-            st.retries
+            (st.retries, st.clamped_max_tokens)
         };
+        if let Some(max) = clamped {
+            resp.insert_header(budget::MAX_TOKENS_HEADER, max.to_string())?;
+        }
         resp.insert_header(NODE_HEADER, c.node_id.as_str())?;
         resp.insert_header(SERVED_MODEL_HEADER, c.model.as_str())?;
         resp.insert_header(REQUESTED_MODEL_HEADER, d.requested_model.as_str())?;

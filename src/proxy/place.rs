@@ -113,6 +113,15 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
     ranked
 }
 
+/// How a request waits: deadlines count from `arrived`; `may_hold`: the holding queue is
+/// allowed (a first placement, not a failover); `pass`: its tenant's admission (fair share,
+/// `max_queued`).
+pub struct Terms<'a> {
+    pub arrived: Instant,
+    pub may_hold: bool,
+    pub pass: &'a crate::tenant::Pass,
+}
+
 /// Find a node and a seat for the request, waiting as the queues say.
 pub async fn place(
     fleet: &Arc<Fleet>,
@@ -120,10 +129,31 @@ pub async fn place(
     ep: Endpoint,
     parsed: &ParsedRequest,
     req: &RouteRequest,
-    arrived: Instant,
-    may_hold: bool,
+    terms: Terms<'_>,
 ) -> Result<std::result::Result<Placement, Unplaced>> {
+    let Terms {
+        arrived,
+        may_hold,
+        pass,
+    } = terms;
     let q = &fleet.config().queue;
+    let share = crate::queue::Share {
+        tenant: pass.tenant().clone(),
+        weight: pass.limits.weight,
+    };
+    // Held while the request waits (node:model queue or holding queue): the tenant's
+    // `max_queued` counts it.
+    let mut queued: Option<crate::tenant::Queued> = None;
+    let wait_turn =
+        |queued: &mut Option<crate::tenant::Queued>| -> std::result::Result<(), Unplaced> {
+            if queued.is_none() {
+                *queued = Some(
+                    pass.queue()
+                        .map_err(|r| Unplaced::Error(ErrorCode::QueueFull, r.message))?,
+                );
+            }
+            Ok(())
+        };
     let started = Instant::now();
     let hold_deadline = arrived + Duration::from_secs(q.holding_timeout_s);
     let mut board: Option<WaitingGuard> = None;
@@ -160,7 +190,7 @@ pub async fn place(
         // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
         if winner.is_some() && refusals < 3 {
             crate::metrics::record_decision(&decision, req.pin.is_some());
-            let (w, lease) = match admit::pick(fleet, &decision, board.is_some()) {
+            let (w, lease) = match admit::pick(fleet, &decision, board.is_some(), &share) {
                 Pick::Ready(w, lease) => (w, lease),
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
                 Pick::BreakerRefused => {
@@ -169,6 +199,9 @@ pub async fn place(
                 }
                 Pick::Refused(r) => return Ok(Err(Unplaced::Refused(r))),
                 Pick::Wait(w, mut ticket) => {
+                    if let Err(e) = wait_turn(&mut queued) {
+                        return Ok(Err(e));
+                    }
                     let guard = board.take().unwrap_or_else(|| enter(None));
                     guard.set_node(Some(w.node_id.clone()));
                     let left = (arrived + Duration::from_secs(q.max_wait_s))
@@ -245,6 +278,9 @@ pub async fn place(
             if let Some(r) = admit::holding_refusal(fleet, client) {
                 METRICS.holding.with_label_values(&["full"]).inc();
                 return Ok(Err(Unplaced::Refused(r)));
+            }
+            if let Err(e) = wait_turn(&mut queued) {
+                return Ok(Err(e));
             }
             board = Some(enter(None));
         }

@@ -17,7 +17,7 @@ pub async fn json(
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    json_from(session, status, body, retry_after, None).await
+    json_full(session, status, body, retry_after, None, &[]).await
 }
 
 /// Write a complete JSON response about a request that went to `node` (`X-Fleet-Node`).
@@ -28,7 +28,29 @@ pub async fn json_from(
     retry_after: Option<u32>,
     node: Option<&str>,
 ) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(5))?;
+    json_full(session, status, body, retry_after, node, &[]).await
+}
+
+/// Write a complete JSON response with extra headers (e.g. `x-ratelimit-*`).
+pub async fn json_with(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    json_full(session, status, body, retry_after, None, extra).await
+}
+
+async fn json_full(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+    node: Option<&str>,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(5 + extra.len()))?;
     if let Some(n) = node {
         h.insert_header(super::NODE_HEADER, n)?;
     }
@@ -36,6 +58,9 @@ pub async fn json_from(
     h.insert_header("content-length", body.len().to_string())?;
     if let Some(s) = retry_after {
         h.insert_header("retry-after", s.to_string())?;
+    }
+    for (name, value) in extra {
+        h.insert_header(*name, value.as_str())?;
     }
     let head = session.req_header().method == http::Method::HEAD;
     session.write_response_header(Box::new(h), head).await?;

@@ -5,6 +5,7 @@
 
 pub mod admission;
 mod board;
+pub mod fair;
 pub mod seats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 pub use board::{Board, Waiting, WaitingGuard};
+pub use fair::{Share, WaitQueue};
 
 use crate::fleet::{ModelCounters, NodeState};
 
@@ -114,8 +116,14 @@ pub enum Acquire {
     Refused,
 }
 
-/// Ask for a seat on node:model: at once, or a place in its queue.
+/// Ask for a seat on node:model: at once, or a place in its queue (default tenant).
 pub fn acquire(node: usize, node_state: &Arc<NodeState>, model: &str) -> Acquire {
+    acquire_as(node, node_state, model, &Share::default())
+}
+
+/// Ask for a seat on node:model for a tenant's request: at once, or a place in its queue,
+/// where seats go in weighted fair order between tenants (see `fair`).
+pub fn acquire_as(node: usize, node_state: &Arc<NodeState>, model: &str, share: &Share) -> Acquire {
     let counters = node_state.counters(model);
     let mut waiters = counters.waiters.lock();
     if waiters.is_empty() && reserve(node_state, &counters) {
@@ -124,11 +132,14 @@ pub fn acquire(node: usize, node_state: &Arc<NodeState>, model: &str) -> Acquire
     }
     let (tx, rx) = oneshot::channel();
     let id = next_id();
-    waiters.push_back(Waiter {
-        id,
-        since: Instant::now(),
-        tx,
-    });
+    waiters.push(
+        Waiter {
+            id,
+            since: Instant::now(),
+            tx,
+        },
+        share,
+    );
     counters.pending.fetch_add(1, Ordering::Relaxed);
     drop(waiters);
     Acquire::Wait(Ticket {
@@ -156,15 +167,14 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut waiters = self.counters.waiters.lock();
-        if let Some(pos) = waiters.iter().position(|w| w.id == self.id) {
-            waiters.remove(pos);
+        if waiters.remove(self.id) {
             self.counters.pending.fetch_sub(1, Ordering::Relaxed);
         }
         // A seat already sent but never received is dropped with `rx` and released.
     }
 }
 
-/// Hand free seats of a node to its waiters, oldest first per model.
+/// Hand free seats of a node to its waiters, per model in fair order (FIFO within a tenant).
 pub fn pump(node: usize, node_state: &Arc<NodeState>) {
     for (_, counters) in node_state.all_counters() {
         loop {
@@ -172,7 +182,7 @@ pub fn pump(node: usize, node_state: &Arc<NodeState>) {
             if waiters.is_empty() || !reserve(node_state, &counters) {
                 break;
             }
-            let Some(w) = waiters.pop_front() else { break };
+            let Some(w) = waiters.pop_next() else { break };
             counters.pending.fetch_sub(1, Ordering::Relaxed);
             drop(waiters);
             let lease = Lease::reserved(node, node_state, counters.clone());
@@ -184,9 +194,9 @@ pub fn pump(node: usize, node_state: &Arc<NodeState>) {
     }
 }
 
-/// Take the oldest waiter off node:model's queue (rebalance moves it elsewhere).
+/// Take the next waiter (fair order) off node:model's queue (rebalance moves it elsewhere).
 pub fn take_waiter(counters: &ModelCounters) -> Option<Waiter> {
-    let w = counters.waiters.lock().pop_front()?;
+    let w = counters.waiters.lock().pop_next()?;
     counters.pending.fetch_sub(1, Ordering::Relaxed);
     Some(w)
 }
