@@ -35,6 +35,7 @@ fn fleet(n: usize) -> FleetView {
                         unloaded_at_ms: (i % 4 == 1).then_some(1_000),
                         on_disk: k < 3,
                         breaker_open: false,
+                        not_capable: Vec::new(),
                     }
                 })
                 .collect();

@@ -303,7 +303,10 @@ fn admin_status_and_metrics() {
     let gw = Gateway::start(&fleet(&[node("ad-a", &a, "")]));
     let c = client();
     rt.block_on(async {
-        let r = c.post(gw.url("/v1/chat/completions")).json(&chat("alpha:1b", "hi")).send().await.unwrap();
+        // Streamed: time to first token is recorded for a streamed success only.
+        let mut body = chat("alpha:1b", "hi");
+        body["stream"] = json!(true);
+        let r = c.post(gw.url("/v1/chat/completions")).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
         let v: Value = c.get(gw.admin_url("/fleet/status")).send().await.unwrap().json().await.unwrap();

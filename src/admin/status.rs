@@ -13,6 +13,8 @@ pub struct FleetStatus {
     pub nodes: Vec<NodeStatus>,
     /// Calibrated chars-per-token per model (from `usage`), when any.
     pub chars_per_token: Vec<(String, f64)>,
+    /// Fitted per-request prompt overhead (chat template tokens) per model, when any.
+    pub prompt_overhead_tokens: Vec<(String, f64)>,
     /// Per tenant: limits, what is in flight and queued, usage since start.
     pub tenants: Vec<crate::tenant::TenantStatus>,
 }
@@ -32,6 +34,10 @@ pub struct NodeStatus {
     pub control: AdminControl,
     pub breaker: BreakerStatus,
     pub seats: u32,
+    /// Where `seats` came from: `config`, `backend` (llama.cpp `/props` total_slots),
+    /// `default_batching` (an OpenAI-compatible / vLLM server that reports none), `memory`
+    /// (derived from free memory), `one_at_a_time` (nothing known).
+    pub seats_from: &'static str,
     pub hard_cap: u32,
     pub in_flight: u32,
     pub free_memory_gb: Option<f64>,
@@ -112,6 +118,14 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                 control: *st.control.lock(),
                 breaker: breaker_status(&st.breaker.lock(), now),
                 seats: n.seats,
+                seats_from: crate::queue::seats::known(cfg.seats, live.seats, cfg.backend)
+                    .map_or_else(
+                        || {
+                            let mem = (n.memory_gb > 0.0).then_some(n.memory_gb);
+                            crate::queue::seats::derived_source(n.free_memory_gb.or(mem))
+                        },
+                        |k| k.1,
+                    ),
                 hard_cap: n.hard_cap,
                 in_flight: st.in_flight.load(Ordering::Relaxed),
                 free_memory_gb: n.free_memory_gb,
@@ -164,6 +178,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
     FleetStatus {
         nodes,
         chars_per_token: fleet.calibration.snapshot(),
+        prompt_overhead_tokens: fleet.calibration.overheads(),
         tenants: fleet.tenants.status(&fleet.config().tenancy, now_ms()),
     }
 }

@@ -160,7 +160,9 @@ pub(super) fn validate_node(
 pub fn default_families(b: Backend) -> Vec<Family> {
     match b {
         Backend::Ollama => vec![Family::OpenAI, Family::Ollama],
-        Backend::Openai | Backend::Vllm | Backend::Llamacpp => vec![Family::OpenAI],
+        Backend::Openai | Backend::Vllm => vec![Family::OpenAI],
+        // llama.cpp's server also answers Anthropic's `/v1/messages` itself.
+        Backend::Llamacpp => vec![Family::OpenAI, Family::Anthropic],
         Backend::Sim => vec![Family::OpenAI, Family::Ollama, Family::Anthropic],
     }
 }

@@ -1,31 +1,120 @@
-//! Per-model chars-per-token calibration: the `usage` token counts nodes report sharpen the
-//! prompt estimate that context eligibility uses (EWMA, alpha 0.2).
+//! Per-model prompt-token calibration from the `usage` counts nodes report: a fixed overhead per
+//! request (the chat template: ~25 tokens on llama.cpp even for "hi") fitted apart from the
+//! per-character rate, so short chats cannot drag the rate down and make long prompts look
+//! impossible.
+//!
+//! Model, per model over the last [`WINDOW`] samples (x = prompt text characters, y = reported
+//! prompt tokens minus the per-message/image tokens the estimate charges anyway):
+//! `y = overhead + x / chars_per_token`.
+//! - rate: ratio of sums over the samples with at least [`RATE_MIN_CHARS`] characters
+//!   (size-weighted: long prompts decide it), `Σ(y - overhead) / Σx`, bounded to
+//!   [`MIN_CPT`]..=[`MAX_CPT`] chars per token; the configured default until such a sample;
+//! - overhead: the median of `y - x / cpt` over all samples, bounded to 0..=[`MAX_OVERHEAD`];
+//!   two rounds (rate, overhead, rate, overhead);
+//! - never above what was served: the estimate for `x` characters is at most the smallest `y`
+//!   of a sample with at least `x` characters, so a prompt as long as one a node served is
+//!   never estimated bigger than that one really was.
+//!
+//! Before any sample the estimate is exactly `ceil(chars / default)` (spec 000's formula).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use parking_lot::RwLock;
 
-const ALPHA: f64 = 0.2;
-/// Samples from prompts this small are mostly template overhead: not used.
-const MIN_TEXT_TOKENS: u32 = 16;
-const MIN_CPT: f64 = 1.0;
-const MAX_CPT: f64 = 12.0;
+/// Samples kept per model.
+pub const WINDOW: usize = 64;
+/// Samples shorter than this say little about the rate (mostly template): overhead only.
+pub const RATE_MIN_CHARS: usize = 256;
+pub const MIN_CPT: f64 = 1.0;
+pub const MAX_CPT: f64 = 12.0;
+pub const MAX_OVERHEAD: f64 = 512.0;
 
-/// Chars per token, per model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Sample {
+    chars: f64,
+    tokens: f64,
+}
+
+#[derive(Debug, Default)]
+struct ModelCal {
+    samples: VecDeque<Sample>,
+    /// Fitted (chars per token, overhead tokens); None before a rate sample.
+    cpt: Option<f64>,
+    overhead: f64,
+}
+
+impl ModelCal {
+    fn refit(&mut self, default: f64) {
+        let mut overhead = 0.0;
+        let mut cpt = None;
+        for _ in 0..2 {
+            let (sx, sy) = self
+                .samples
+                .iter()
+                .filter(|s| s.chars >= RATE_MIN_CHARS as f64)
+                .fold((0.0, 0.0), |(sx, sy), s| {
+                    (sx + s.chars, sy + (s.tokens - overhead).max(1.0))
+                });
+            cpt = (sx > 0.0).then(|| (sx / sy).clamp(MIN_CPT, MAX_CPT));
+            let rate = 1.0 / cpt.unwrap_or(default);
+            let mut rest: Vec<f64> = self
+                .samples
+                .iter()
+                .map(|s| s.tokens - s.chars * rate)
+                .collect();
+            rest.sort_by(f64::total_cmp);
+            overhead = rest
+                .get(rest.len() / 2)
+                .copied()
+                .unwrap_or(0.0)
+                .clamp(0.0, MAX_OVERHEAD);
+        }
+        self.cpt = cpt;
+        self.overhead = overhead;
+    }
+
+    fn estimate(&self, chars: usize, default: f64) -> u64 {
+        let cpt = self.cpt.unwrap_or(default);
+        let fit = (self.overhead + chars as f64 / cpt).ceil();
+        let served = self
+            .samples
+            .iter()
+            .filter(|s| s.chars >= chars as f64)
+            .map(|s| s.tokens)
+            .fold(f64::INFINITY, f64::min);
+        fit.min(served.ceil()).max(0.0) as u64
+    }
+}
+
+/// Prompt-token calibration, per model.
 #[derive(Debug, Default)]
 pub struct Calibration {
-    by_model: RwLock<HashMap<String, f64>>,
+    by_model: RwLock<HashMap<String, ModelCal>>,
 }
 
 impl Calibration {
-    /// The calibrated ratio for `model`, or `default` before any sample.
+    /// The fitted chars-per-token rate for `model`, or `default` before a rate sample.
     pub fn chars_per_token(&self, model: &str, default: f64) -> f64 {
-        self.by_model.read().get(model).copied().unwrap_or(default)
+        self.by_model
+            .read()
+            .get(model)
+            .and_then(|c| c.cpt)
+            .unwrap_or(default)
+    }
+
+    /// Estimated tokens for `chars` characters of prompt text on `model` (the overhead
+    /// included; the per-message/image tokens are not).
+    pub fn text_tokens(&self, model: &str, chars: usize, default: f64) -> u64 {
+        let default = sane(default);
+        match self.by_model.read().get(model) {
+            Some(c) => c.estimate(chars, default),
+            None => (chars as f64 / default).ceil() as u64,
+        }
     }
 
     /// One sample: the prompt had `prompt_chars` characters of text and the node counted
-    /// `prompt_tokens`, of which `fixed_tokens` are per-message/per-image overhead.
-    /// Returns the new ratio when the sample was used.
+    /// `prompt_tokens`, of which `fixed_tokens` are per-message/per-image tokens the estimate
+    /// charges anyway. Returns the chars-per-token rate after it.
     pub fn observe(
         &self,
         model: &str,
@@ -34,26 +123,59 @@ impl Calibration {
         fixed_tokens: u32,
         default: f64,
     ) -> Option<f64> {
-        let text_tokens = prompt_tokens.saturating_sub(fixed_tokens);
-        if text_tokens < MIN_TEXT_TOKENS || prompt_chars == 0 {
+        if prompt_tokens == 0 {
             return None;
         }
-        let sample = (prompt_chars as f64 / f64::from(text_tokens)).clamp(MIN_CPT, MAX_CPT);
+        let default = sane(default);
+        let tokens = f64::from(prompt_tokens.saturating_sub(fixed_tokens));
         let mut map = self.by_model.write();
-        let slot = map.entry(model.to_string()).or_insert(default);
-        *slot = *slot * (1.0 - ALPHA) + sample * ALPHA;
-        Some(*slot)
+        let c = map.entry(model.to_string()).or_default();
+        if c.samples.len() == WINDOW {
+            c.samples.pop_front();
+        }
+        c.samples.push_back(Sample {
+            chars: prompt_chars as f64,
+            tokens,
+        });
+        c.refit(default);
+        Some(c.cpt.unwrap_or(default))
     }
 
+    /// (model, fitted chars per token) for every model with a rate sample.
     pub fn snapshot(&self) -> Vec<(String, f64)> {
         let mut v: Vec<_> = self
             .by_model
             .read()
             .iter()
-            .map(|(k, v)| (k.clone(), *v))
+            .filter_map(|(k, c)| Some((k.clone(), c.cpt?)))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// (model, fitted overhead tokens) for every model with samples.
+    pub fn overheads(&self) -> Vec<(String, f64)> {
+        let mut v: Vec<_> = self
+            .by_model
+            .read()
+            .iter()
+            .map(|(k, c)| (k.clone(), c.overhead))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The fitted per-request overhead of `model` (0 before any sample).
+    pub fn overhead_tokens(&self, model: &str) -> f64 {
+        self.by_model.read().get(model).map_or(0.0, |c| c.overhead)
+    }
+}
+
+fn sane(default: f64) -> f64 {
+    if default.is_finite() && default > 0.0 {
+        default
+    } else {
+        crate::protocol::DEFAULT_CHARS_PER_TOKEN
     }
 }
 
@@ -62,13 +184,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn converges_on_the_observed_ratio_and_ignores_tiny_prompts() {
+    fn converges_on_the_observed_ratio() {
         let c = Calibration::default();
         assert_eq!(c.chars_per_token("m", 4.0), 4.0);
         assert_eq!(
-            c.observe("m", 40, 14, 4, 4.0),
-            None,
-            "10 text tokens: too few"
+            c.text_tokens("m", 400, 4.0),
+            100,
+            "no sample: chars / default"
         );
         for _ in 0..40 {
             // 3000 chars, 1004 tokens of which 4 are the message overhead: 3 chars/token.
@@ -78,5 +200,51 @@ mod tests {
         assert_eq!(c.chars_per_token("other", 4.0), 4.0, "per model");
         c.observe("x", 100_000, 20, 0, 4.0);
         assert!(c.chars_per_token("x", 4.0) <= MAX_CPT);
+    }
+
+    /// Issue 15 item 1, as seen on llama.cpp with SmolLM2: "hi N" chats report ~34 prompt
+    /// tokens (the chat template adds ~25). They used to pull chars-per-token 4.0 -> 1.0 and
+    /// then a 13,847-char prompt node B had served (2,972 tokens) was refused.
+    #[test]
+    fn short_chats_fit_the_overhead_not_the_rate() {
+        let c = Calibration::default();
+        for n in 0..60 {
+            let prompt = format!("hi {n}");
+            c.observe("smol", prompt.len(), 34, 4, 4.0);
+        }
+        assert_eq!(
+            c.chars_per_token("smol", 4.0),
+            4.0,
+            "no long sample: rate untouched"
+        );
+        assert!((c.overhead_tokens("smol") - 29.0).abs() < 1.5);
+        let long = c.text_tokens("smol", 13_847, 4.0);
+        assert!(long < 3_600, "13,847 chars estimated at {long}");
+        c.observe("smol", 13_847, 2_972, 4, 4.0);
+        let cpt = c.chars_per_token("smol", 4.0);
+        assert!((4.5..5.0).contains(&cpt), "{cpt}");
+        assert!(
+            c.text_tokens("smol", 13_847, 4.0) <= 2_968,
+            "never more than what was served"
+        );
+        assert!(c.text_tokens("smol", 13_000, 4.0) <= 2_968);
+        // More short chats afterwards do not move the rate.
+        for n in 0..60 {
+            c.observe("smol", format!("hi {n}").len(), 34, 4, 4.0);
+        }
+        assert!((c.chars_per_token("smol", 4.0) - cpt).abs() < 0.05);
+        assert!(c.text_tokens("smol", 13_847, 4.0) <= 2_968);
+    }
+
+    #[test]
+    fn rate_is_bounded_and_dense_text_is_learned() {
+        let c = Calibration::default();
+        // Dense text: 8,000 chars -> 5,408 tokens (1.48 chars/token).
+        c.observe("d", 8_000, 5_412, 4, 4.0);
+        let cpt = c.chars_per_token("d", 4.0);
+        assert!((1.4..1.6).contains(&cpt), "{cpt}");
+        assert!(c.text_tokens("d", 16_000, 4.0) > 10_000);
+        c.observe("e", 10_000, 1, 0, 4.0);
+        assert_eq!(c.chars_per_token("e", 4.0), MAX_CPT);
     }
 }

@@ -32,6 +32,8 @@ pub struct ModelCounters {
     reported_waiting: AtomicU32,
     /// The node:model circuit breaker (model-specific faults: 5xx, broken streams).
     pub breaker: Mutex<Breaker>,
+    /// Endpoints this node:model answered "not here" for (no fault, not the breaker's).
+    pub not_capable: super::capable::NotCapable,
     /// Rates learned from this pair's responses (completion mode).
     pub rates: Mutex<super::PairRates>,
 }

@@ -47,6 +47,57 @@ pub struct NodeLive {
     pub free_memory_gb: Option<f64>,
 }
 
+/// What an operator wants to hear about when it changes: health and which models are loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    polled: bool,
+    health: Health,
+    last_error: Option<String>,
+    loaded: Vec<String>,
+}
+
+impl Seen {
+    pub fn of(l: &NodeLive) -> Seen {
+        Seen {
+            polled: l.polled,
+            health: l.health,
+            last_error: l.last_error.clone(),
+            loaded: l
+                .models
+                .iter()
+                .filter(|m| m.loaded)
+                .map(|m| m.name.clone())
+                .collect(),
+        }
+    }
+
+    /// Log lines for what changed from `self` to `now` (first poll: not a change of models).
+    pub fn changes(&self, now: &Seen) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.health != now.health {
+            let why = match (&now.last_error, now.health) {
+                (Some(e), Health::Offline) => format!(": {e}"),
+                _ => String::new(),
+            };
+            out.push(format!(
+                "poll health {:?} -> {:?}{why}",
+                self.health, now.health
+            ));
+        }
+        if self.polled {
+            for m in now.loaded.iter().filter(|m| !self.loaded.contains(m)) {
+                out.push(format!("model {m} loaded (hot)"));
+            }
+            for m in self.loaded.iter().filter(|m| !now.loaded.contains(m)) {
+                out.push(format!(
+                    "model {m} no longer loaded (unloaded or asleep: cold)"
+                ));
+            }
+        }
+        out
+    }
+}
+
 impl NodeLive {
     /// Apply a poll; true when routing-relevant state changed.
     pub fn apply(&mut self, report: PollReport, failures_before_offline: u32) -> bool {
@@ -118,6 +169,26 @@ mod tests {
         PollReport::Failed {
             error: "refused".into(),
         }
+    }
+
+    #[test]
+    fn changes_name_health_and_models() {
+        let mut l = NodeLive::default();
+        l.apply(ok(0, true), 1);
+        let up = Seen::of(&l);
+        l.apply(ok(1, false), 1);
+        let asleep = Seen::of(&l);
+        assert_eq!(
+            up.changes(&asleep),
+            vec!["model m no longer loaded (unloaded or asleep: cold)".to_string()]
+        );
+        l.apply(failed(), 1);
+        let down = Seen::of(&l);
+        assert_eq!(
+            asleep.changes(&down),
+            vec!["poll health Online -> Offline: refused".to_string()]
+        );
+        assert!(down.changes(&down).is_empty());
     }
 
     #[test]

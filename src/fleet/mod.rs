@@ -5,6 +5,7 @@
 
 mod breaker;
 mod calibrate;
+pub mod capable;
 mod counters;
 mod heartbeat;
 mod learning;
@@ -313,8 +314,16 @@ impl Fleet {
                 }
             }
         }
-        let changed = node.live.lock().apply(report, failures_before_offline);
+        let (changed, before, after) = {
+            let mut live = node.live.lock();
+            let before = live::Seen::of(&live);
+            let changed = live.apply(report, failures_before_offline);
+            (changed, before, live::Seen::of(&live))
+        };
         if changed {
+            for line in before.changes(&after) {
+                log::info!("node {}: {line}", self.node_config(idx).id);
+            }
             self.publish();
         }
         changed
@@ -323,6 +332,31 @@ impl Fleet {
     /// The node answered a request for `model` with success: it is loaded there now, whatever
     /// the last poll said (a cold load just happened). Routing sees it at once, not at the
     /// next poll, so a burst for a cold model queues at the node that loaded it.
+    /// Node `idx` answered `status` ("not here") for `endpoint` on `model`: routing leaves
+    /// that pair out for it until the recheck ([`capable::RECHECK_MS`]).
+    pub fn mark_not_capable(
+        &self,
+        idx: usize,
+        model: &str,
+        endpoint: &'static str,
+        status: u16,
+        now: u64,
+    ) {
+        if self
+            .node(idx)
+            .counters(model)
+            .not_capable
+            .mark(endpoint, now)
+        {
+            log::info!(
+                "node {}: {model} not capable of {endpoint} (answered {status}); rechecked in {} s",
+                self.node_config(idx).id,
+                capable::RECHECK_MS / 1000
+            );
+            self.publish();
+        }
+    }
+
     pub fn mark_loaded(&self, idx: usize, model: &str) {
         {
             let node = self.node(idx);
@@ -366,7 +400,8 @@ impl Fleet {
     /// when seats grew.
     fn set_seats(&self, idx: usize, view: &NodeView, st: &Arc<NodeState>) {
         let cfg = self.node_config(idx);
-        let known = cfg.seats.or(st.live.lock().seats);
+        let reported = st.live.lock().seats;
+        let known = crate::queue::seats::known(cfg.seats, reported, cfg.backend).map(|k| k.0);
         let held: f64 = view
             .models
             .iter()

@@ -20,6 +20,7 @@ pub(super) fn next_due(st: &NodeState, now: u64, p: &ViewParams) -> Option<u64> 
     ];
     for (_, c) in st.all_counters() {
         times.push(c.breaker.lock().open_until_ms());
+        times.push(c.not_capable.next_expiry(now));
     }
     times.into_iter().flatten().filter(|t| *t > now).min()
 }
@@ -41,9 +42,11 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     view.health = effective_health(&inputs, now, p.warmup_ms);
     view.breaker_open = !st.breaker.lock().admits(now);
     for m in &mut view.models {
-        m.breaker_open = st
-            .peek(&m.name)
+        let counters = st.peek(&m.name);
+        m.breaker_open = counters
+            .as_ref()
             .is_some_and(|c| !c.breaker.lock().admits(now));
+        m.not_capable = counters.map_or_else(Vec::new, |c| c.not_capable.active(now));
     }
     if let Some(hb) = agent.fresh(now, p.miss_ms) {
         view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
@@ -127,7 +130,9 @@ pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
         }
         models.retain(|m| m.on_disk || m.loaded || live.models.iter().any(|l| l.name == m.name));
     }
-    let seats = cfg.seats.or(live.seats).unwrap_or(1).max(1);
+    let seats = crate::queue::seats::known(cfg.seats, live.seats, cfg.backend)
+        .map_or(1, |k| k.0)
+        .max(1);
     NodeView {
         id: cfg.id.clone(),
         health: live.health,

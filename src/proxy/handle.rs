@@ -293,7 +293,10 @@ fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
         .duration
         .with_label_values(&labels)
         .observe(total.as_secs_f64());
-    if let Some(fb) = st.first_byte {
+    // Time to first token means something for a streamed success only (a non-streaming
+    // request's first byte is its whole answer; an error has no token).
+    let ok = (200..300).contains(&status_code);
+    if let Some(fb) = st.first_byte.filter(|_| ok && d.stream) {
         METRICS
             .ttft
             .with_label_values(&labels)

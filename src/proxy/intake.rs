@@ -187,11 +187,17 @@ pub fn route_request(
         family: Some(ep.family()),
         translatable: protocol::translate::translatable(ep).to_vec(),
         prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),
-        max_output_tokens: parsed.max_tokens,
+        // An embedding produces no output tokens: no reserve for them.
+        max_output_tokens: if ep.is_embedding() {
+            Some(0)
+        } else {
+            parsed.max_tokens
+        },
         required_tags,
         pin: header_str(h, PIN_HEADER).map(str::to_string),
         affinity_key: affinity_key(config, parsed, h, &primary),
         require_warm: config.routing.require_warm || config.require_warm.contains(&primary),
+        endpoint: Some(ep.label()),
         ..RouteRequest::default()
     }
 }
@@ -252,6 +258,13 @@ pub fn prepare(
         .calibration
         .chars_per_token(primary, config.routing.chars_per_token);
     let mut req = route_request(&config, ep, &parsed, h, cpt);
+    // The calibrated estimate: fitted template overhead + rate, never above what was served.
+    let text =
+        fleet
+            .calibration
+            .text_tokens(primary, parsed.prompt_chars, config.routing.chars_per_token);
+    let fixed = u64::from(super::outcome::fixed_tokens(&parsed));
+    req.prompt_tokens = u32::try_from(text.saturating_add(fixed)).unwrap_or(u32::MAX);
     if let Some(m) = tiered {
         req.require_warm |= config.require_warm.contains(&m);
         req.models[0] = m;

@@ -18,6 +18,7 @@ pub mod intake;
 mod local;
 pub mod observe;
 mod outcome;
+mod overflow;
 mod place;
 mod respond;
 mod tenancy;

@@ -78,6 +78,11 @@ impl StreamObserver {
     }
 
     /// What the body said (the last line counts even without a trailing newline).
+    /// The first bytes of the body (an error answer fits whole).
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
     pub fn finish(&mut self) -> Observed {
         if self.line_len > 0 {
             self.end_line();

@@ -30,6 +30,8 @@ pub fn classify(
         return None;
     }
     match upstream_status {
+        // "Not here" (501 embeddings on llama.cpp, 404, 405): not capable, never a fault.
+        Some(s) if crate::fleet::capable::says_not_here(s) => None,
         Some(s) if s >= 500 => Some(Outcome::Fault),
         // Headers arrived, then the node broke off: a broken stream.
         Some(_) if upstream_error => Some(Outcome::Fault),
@@ -43,18 +45,41 @@ pub fn classify(
 /// Account the outcome of `d` (once per client request, from the client-facing leg).
 pub fn account(fleet: &Fleet, d: &Dispatch) {
     let c = d.choice();
-    let (status, upstream_error, unreachable, first_byte, observed) = {
+    let (status, upstream_error, unreachable, first_byte, observed, overflow) = {
         let mut st = d.state.lock();
+        let overflow = matches!(st.upstream_status, Some(400 | 413))
+            .then(|| super::overflow::parse(st.observer.head()))
+            .flatten();
         (
             st.upstream_status,
             st.upstream_error,
             st.unreachable,
             st.first_byte,
             st.observer.finish(),
+            overflow,
         )
     };
+    if let Some(o) = overflow {
+        // The node counted the prompt itself: the estimate learns the real size.
+        log::info!(
+            "node {}: {} answered a context overflow (prompt {:?} tokens, window {:?})",
+            c.node_id,
+            c.model,
+            o.prompt_tokens,
+            o.window
+        );
+        if let Some(pt) = o.prompt_tokens {
+            let default = fleet.config().routing.chars_per_token;
+            fleet
+                .calibration
+                .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);
+        }
+    }
     if let Some(outcome) = classify(status, upstream_error, unreachable) {
         fleet.record_outcome(c.node, Some(&c.model), outcome, now_ms());
+    }
+    if let Some(s) = status.filter(|s| crate::fleet::capable::says_not_here(*s)) {
+        fleet.mark_not_capable(c.node, &c.model, d.endpoint.label(), s, now_ms());
     }
     if !status.is_some_and(|s| (200..300).contains(&s)) || upstream_error {
         return;
@@ -180,7 +205,13 @@ mod tests {
     #[test]
     fn fault_qualifying_outcomes() {
         assert_eq!(classify(Some(200), false, false), Some(Outcome::Success));
-        assert_eq!(classify(Some(404), false, false), Some(Outcome::Success));
+        assert_eq!(
+            classify(Some(404), false, false),
+            None,
+            "not here: no fault"
+        );
+        assert_eq!(classify(Some(501), false, false), None);
+        assert_eq!(classify(Some(400), false, false), Some(Outcome::Success));
         assert_eq!(classify(Some(500), false, false), Some(Outcome::Fault));
         assert_eq!(classify(Some(200), true, false), Some(Outcome::Fault));
         assert_eq!(classify(None, true, false), Some(Outcome::Fault));

@@ -267,7 +267,13 @@ pub async fn place(
         };
         let pulling = no_route == NoRoute::ModelNotFound
             && crate::services::autopull::request(fleet, &req.models[0]);
-        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling {
+        // A node still starting up may report the model in a moment: wait for it briefly.
+        let settle_deadline = started + crate::services::settle::SETTLE_WAIT;
+        let settling = no_route == NoRoute::ModelNotFound
+            && may_hold
+            && Instant::now() < settle_deadline
+            && crate::services::settle::any_settling(fleet);
+        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling && !settling {
             let (code, msg) = no_route_error(no_route, parsed, req);
             return Ok(Err(Unplaced::Error(code, msg)));
         }
@@ -301,7 +307,10 @@ pub async fn place(
                 format!("{msg} (waited {} s)", q.holding_timeout_s),
             )));
         }
-        let rescore = Duration::from_millis(q.holding_rescore_ms).min(hold_deadline - now);
+        let mut rescore = Duration::from_millis(q.holding_rescore_ms).min(hold_deadline - now);
+        if settling {
+            rescore = rescore.min(settle_deadline.saturating_duration_since(now));
+        }
         tokio::select! {
             _ = changed => {}
             _ = tokio::time::sleep(rescore) => {}

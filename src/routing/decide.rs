@@ -26,6 +26,34 @@ struct Cand {
     native: bool,
 }
 
+/// Decide where `req` goes (see [`decide_once`]). When nothing survives and some pairs were
+/// out only because they answered "not here" for this endpoint, decide again without that
+/// rule: the node then gives the client its own native answer (a 501 says what is missing)
+/// instead of the holding queue's 503 after a wait.
+pub fn decide(
+    req: &RouteRequest,
+    fleet: &FleetView,
+    policy: &Policy,
+    loads: &dyn Loads,
+    now_ms: u64,
+) -> Decision {
+    let d = decide_once(req, fleet, policy, loads, now_ms);
+    let not_capable = d.table.iter().any(|r| {
+        matches!(
+            r.verdict,
+            Verdict::Eliminated {
+                reason: Reason::NotCapable
+            }
+        )
+    });
+    if d.winner().is_some() || !not_capable {
+        return d;
+    }
+    let mut again = req.clone();
+    again.endpoint = None;
+    decide_once(&again, fleet, policy, loads, now_ms)
+}
+
 /// Decide where `req` goes in `fleet` given the live `loads`, at time `now_ms`.
 ///
 /// Stage 1 eliminates pairs with a [`Reason`]; Stage 2 scores survivors (see `signals`).
@@ -40,7 +68,7 @@ struct Cand {
 /// yields to a later model predicted to finish sooner (a loaded fallback beats cold-loading the
 /// primary when, and only when, it finishes first). The conversation's cached prefix is
 /// credited to the node that last served it, else its rendezvous node; nowhere else.
-pub fn decide(
+fn decide_once(
     req: &RouteRequest,
     fleet: &FleetView,
     policy: &Policy,

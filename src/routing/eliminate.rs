@@ -131,6 +131,9 @@ pub(super) fn model_reason(
     if model.breaker_open {
         return Err(Reason::BreakerOpen);
     }
+    if req.endpoint.is_some_and(|e| model.not_capable.contains(&e)) {
+        return Err(Reason::NotCapable);
+    }
     if warm_required && !model.loaded {
         return Err(Reason::NotWarm);
     }

@@ -27,6 +27,7 @@ fn arb_model(name: &'static str) -> impl Strategy<Value = Option<ModelView>> {
                 unloaded_at_ms: unloaded,
                 on_disk,
                 breaker_open: false,
+                not_capable: Vec::new(),
             })
         })
 }

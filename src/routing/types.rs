@@ -35,6 +35,8 @@ pub struct RouteRequest {
     pub tried: Vec<String>,
     /// Spec 004: only nodes with the model already loaded are eligible.
     pub require_warm: bool,
+    /// The endpoint label (`openai_embeddings` ...): pairs that said "not here" for it are out.
+    pub endpoint: Option<&'static str>,
     /// Prompt tokens assumed already in a node's prefix cache (completion mode): credited on
     /// `cached_on` when that node is a candidate, else on the affinity key's rendezvous node.
     pub cached_prefix_tokens: u32,
@@ -100,6 +102,8 @@ pub struct ModelView {
     pub on_disk: bool,
     /// The node:model circuit breaker is open (a model-specific fault, spec 003).
     pub breaker_open: bool,
+    /// Endpoints this node:model answered "not here" for, until their recheck.
+    pub not_capable: Vec<&'static str>,
 }
 
 /// Capacity learning output for a node with learning turned on (spec 000, Adaptive Capacity).
@@ -225,11 +229,13 @@ pub enum Reason {
     CpuHigh,
     LowAvailability,
     Learning,
+    /// The node answered "not here" (501/404/405) for this endpoint on this model lately.
+    NotCapable,
 }
 
 impl Reason {
     /// Every reason, in declaration order (`reason as usize` indexes it).
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Offline,
         Reason::Draining,
         Reason::Paused,
@@ -250,6 +256,7 @@ impl Reason {
         Reason::CpuHigh,
         Reason::LowAvailability,
         Reason::Learning,
+        Reason::NotCapable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -274,6 +281,7 @@ impl Reason {
             Reason::CpuHigh => "cpu_high",
             Reason::LowAvailability => "low_availability",
             Reason::Learning => "learning",
+            Reason::NotCapable => "not_capable",
         }
     }
 }

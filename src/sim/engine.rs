@@ -91,10 +91,11 @@ pub(crate) fn plan(ctl: &SimControl, ask: &Ask) -> Result<Plan, Reject> {
     } else {
         ask.max_tokens.unwrap_or(reply)
     };
-    if u64::from(ask.prompt_tokens) + u64::from(completion) > u64::from(m.context) {
+    let prompt_tokens = ask.prompt_tokens.saturating_add(ctl.spec.template_tokens);
+    if u64::from(prompt_tokens) + u64::from(completion) > u64::from(m.context) {
         return Err(Reject::Context {
             context: m.context,
-            prompt: ask.prompt_tokens,
+            prompt: prompt_tokens,
             completion,
         });
     }
@@ -105,7 +106,7 @@ pub(crate) fn plan(ctl: &SimControl, ask: &Ask) -> Result<Plan, Reject> {
     };
     Ok(Plan {
         idx,
-        prompt_tokens: ask.prompt_tokens,
+        prompt_tokens,
         out_tokens,
         finish,
         seed: SplitMix::new(ctl.spec.seed ^ ask.hash).next_u64(),

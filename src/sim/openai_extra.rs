@@ -63,6 +63,13 @@ struct EmbReq {
 }
 
 pub(crate) async fn embeddings(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Response {
+    if ctl.spec.embeddings_501 {
+        let msg = "This server does not support embeddings. Start it with `--embeddings`";
+        return json(
+            StatusCode::NOT_IMPLEMENTED,
+            json!({"error": {"code": 501, "message": msg, "type": "not_supported_error"}}),
+        );
+    }
     let (req, started) =
         match openai_request(&ctl, "/v1/embeddings", &body, |r: &EmbReq| &r.model).await {
             Ok(x) => x,

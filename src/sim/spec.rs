@@ -29,6 +29,14 @@ pub struct SimSpec {
     /// Output tokens when the request sets no limit; capped by the request's max tokens.
     #[serde(default = "default_reply_tokens")]
     pub reply_tokens: u32,
+    /// Tokens a chat template adds to every request's prompt count (llama.cpp with SmolLM2:
+    /// ~25), reported in `usage` and counted against the context window.
+    #[serde(default)]
+    pub template_tokens: u32,
+    /// Answer `/v1/embeddings` with llama.cpp's 501 `not_supported_error` (a server started
+    /// without `--embeddings`).
+    #[serde(default)]
+    pub embeddings_501: bool,
     /// Prompt processing speed, tokens per second: time to first token becomes
     /// `ttft_ms` + uncached prompt tokens / this rate. Unset: prefill costs nothing extra.
     #[serde(default)]
@@ -98,6 +106,8 @@ impl Default for SimSpec {
             ttft_ms: default_ttft_ms(),
             memory_gb: default_memory_gb(),
             reply_tokens: default_reply_tokens(),
+            template_tokens: 0,
+            embeddings_501: false,
             prefill_tokens_per_sec: None,
             prefix_cache_entries: 0,
             decode_contention: 0.0,

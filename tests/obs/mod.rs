@@ -498,6 +498,8 @@ pub struct Sent {
     pub node_error: u64,
     /// Waited for a seat longer than `queue.max_wait_s`: a 503 from the gateway, never sent.
     pub timed_out: u64,
+    /// Of `ok`, the streamed ones: only these are time-to-first-token samples.
+    pub streamed: u64,
 }
 
 impl Sent {
@@ -518,6 +520,7 @@ impl Sent {
         self.unavailable += o.unavailable;
         self.node_error += o.node_error;
         self.timed_out += o.timed_out;
+        self.streamed += o.streamed;
     }
 }
 
@@ -534,16 +537,17 @@ pub async fn mixed_round(gw: &Gateway) -> Sent {
     stream["stream"] = json!(true);
     let anthropic = json!({"model": "alpha:1b", "max_tokens": 8,
         "messages": [{"role": "user", "content": "hi"}]});
-    for (path, body) in [
-        ("/v1/chat/completions", chat("gpt-test", "hello")),
-        ("/v1/chat/completions", stream),
-        ("/api/chat", chat("alpha:1b", "hi")),
-        ("/v1/messages", anthropic),
+    for (path, body, streamed) in [
+        ("/v1/chat/completions", chat("gpt-test", "hello"), false),
+        ("/v1/chat/completions", stream, true),
+        ("/api/chat", chat("alpha:1b", "hi"), true), // Ollama streams by default
+        ("/v1/messages", anthropic, false),
     ] {
         let r = c.post(gw.url(path)).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
         r.bytes().await.unwrap();
         sent.ok += 1;
+        sent.streamed += u64::from(streamed);
     }
     let r = c
         .post(gw.url("/v1/chat/completions"))
@@ -723,7 +727,7 @@ pub async fn settled_scrape(gw: &Gateway, sent: Sent) -> Scrape {
         ),
         (
             "fleetgate_proxy_time_to_first_token_seconds_count",
-            sent.ok + sent.node_error,
+            sent.streamed,
         ),
     ];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
