@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Run every test: unit, property, integration (real gateway + simulated nodes on 127.0.0.1),
-# the official Python SDKs against the gateway, and a real Prometheus scraping a test gateway.
-# and real llama.cpp servers with a real model in front of which the gateway routes.
-# Installs what it needs first (scripts/bootstrap.sh --sdks --prometheus --llamacpp).
+# the official Python SDKs against the gateway, a real Prometheus scraping a test gateway,
+# real llama.cpp servers with a real model in front of which the gateway routes, and the fleet
+# page in headless chromium. Installs what it needs first (scripts/bootstrap.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh --sdks --prometheus --llamacpp
+scripts/bootstrap.sh --sdks --prometheus --llamacpp --browser
 export FLEETGATE_TEST_PYTHON="$PWD/.venv/bin/python"
 export FLEETGATE_LLAMACPP_HOME="${FLEETGATE_LLAMACPP_HOME:-$PWD/.cache/llamacpp}"
 if cargo nextest --version >/dev/null 2>&1; then

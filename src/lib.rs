@@ -6,6 +6,7 @@ pub mod agent;
 pub mod clients;
 pub mod config;
 pub mod fleet;
+pub mod init;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

@@ -120,6 +120,10 @@ pub fn prepare_with(config: Config, upgrade: bool) -> Result<Prepared, StartErro
         HealthPoller::new(fleet.clone()),
     ));
     server.add_service(background_service(
+        "start-up settle",
+        crate::services::settle::Settle::new(fleet.clone()),
+    ));
+    server.add_service(background_service(
         "fleet clock",
         FleetClock::new(fleet.clone()),
     ));

@@ -1,10 +1,13 @@
-//! Admin listener: `/metrics`, `/fleet/status`, agent heartbeats, node pause/resume/drain.
+//! Admin listener: the fleet page (`/`), `/metrics`, `/fleet/status`, `/fleet/live`, agent
+//! heartbeats, node pause/resume/drain.
 
 pub mod auth;
 mod control;
 pub mod explain;
 pub mod heartbeat;
+mod page;
 mod status;
+mod zero;
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -88,6 +91,7 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .merge(control::routes())
         .route("/fleet/queue", get(queue))
         .merge(explain::routes())
+        .merge(page::routes())
         .with_state(fleet)
 }
 

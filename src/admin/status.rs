@@ -26,6 +26,7 @@ pub struct NodeStatus {
     pub backend: crate::config::Backend,
     /// Registered by a heartbeat rather than from the config file.
     pub dynamic: bool,
+    pub tier: crate::routing::Tier,
     pub health: Health,
     pub last_error: Option<String>,
     /// Warmup ends at (ms since the epoch) when the node came back recently.
@@ -33,6 +34,10 @@ pub struct NodeStatus {
     pub control: AdminControl,
     pub breaker: BreakerStatus,
     pub seats: u32,
+    /// Where `seats` came from: `config`, `backend` (llama.cpp `/props` total_slots),
+    /// `default_batching` (an OpenAI-compatible / vLLM server that reports none), `memory`
+    /// (derived from free memory), `one_at_a_time` (nothing known).
+    pub seats_from: &'static str,
     pub hard_cap: u32,
     pub in_flight: u32,
     pub free_memory_gb: Option<f64>,
@@ -106,12 +111,21 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                 url: cfg.url.clone(),
                 backend: cfg.backend,
                 dynamic: cfg.dynamic,
+                tier: n.tier,
                 health: n.health,
                 last_error: live.last_error.clone(),
                 warmup_until_ms: back.map(|t| t + warmup_ms).filter(|until| *until > now),
                 control: *st.control.lock(),
                 breaker: breaker_status(&st.breaker.lock(), now),
                 seats: n.seats,
+                seats_from: crate::queue::seats::known(cfg.seats, live.seats, cfg.backend)
+                    .map_or_else(
+                        || {
+                            let mem = (n.memory_gb > 0.0).then_some(n.memory_gb);
+                            crate::queue::seats::derived_source(n.free_memory_gb.or(mem))
+                        },
+                        |k| k.1,
+                    ),
                 hard_cap: n.hard_cap,
                 in_flight: st.in_flight.load(Ordering::Relaxed),
                 free_memory_gb: n.free_memory_gb,
@@ -173,6 +187,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
 pub fn refresh_gauges(fleet: &Fleet) {
     METRICS.holding_depth.set(fleet.board.holding() as i64);
     let view = fleet.view();
+    super::zero::prime(&view);
     let now = now_ms();
     let states = fleet.nodes();
     for (i, n) in view.nodes.iter().enumerate() {

@@ -13,6 +13,7 @@ mod live;
 mod prefix;
 mod presence;
 mod rates;
+pub mod recent;
 mod reload;
 mod state;
 mod view;
@@ -124,6 +125,8 @@ pub struct Fleet {
     pub board: Arc<crate::queue::Board>,
     /// Background actions in progress (pre-warm loads, pulls), one per key.
     pub ops: crate::services::ops::Ops,
+    /// The last decisions and per node:model traffic, for the fleet page.
+    pub recent: recent::Recent,
     /// Per-tenant limits state and usage.
     pub tenants: crate::tenant::Book,
     /// Which node holds each conversation's prefix (completion mode's cache credit).
@@ -150,6 +153,7 @@ impl Fleet {
             board: Arc::default(),
             tenants: crate::tenant::Book::default(),
             ops: Default::default(),
+            recent: Default::default(),
             prefixes: PrefixMemory::default(),
             clients: Arc::default(),
         };
@@ -396,7 +400,8 @@ impl Fleet {
     /// when seats grew.
     fn set_seats(&self, idx: usize, view: &NodeView, st: &Arc<NodeState>) {
         let cfg = self.node_config(idx);
-        let known = cfg.seats.or(st.live.lock().seats);
+        let reported = st.live.lock().seats;
+        let known = crate::queue::seats::known(cfg.seats, reported, cfg.backend).map(|k| k.0);
         let held: f64 = view
             .models
             .iter()

@@ -130,7 +130,9 @@ pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
         }
         models.retain(|m| m.on_disk || m.loaded || live.models.iter().any(|l| l.name == m.name));
     }
-    let seats = cfg.seats.or(live.seats).unwrap_or(1).max(1);
+    let seats = crate::queue::seats::known(cfg.seats, live.seats, cfg.backend)
+        .map_or(1, |k| k.0)
+        .max(1);
     NodeView {
         id: cfg.id.clone(),
         health: live.health,

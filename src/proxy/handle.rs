@@ -113,6 +113,7 @@ pub async fn client_request(
             // Accounted even when the client went away mid-response: the node did the work.
             record(&d, log, &arrival);
             super::outcome::account(fleet, &d);
+            super::outcome::recent(fleet, &d);
             tenancy::record_dispatch(&pass, &d, &req);
             return ended.map(|_| ());
         }
@@ -153,6 +154,7 @@ pub async fn client_request(
         }
         let result = attempt::answer_unsent(session, &d, also.as_deref()).await;
         record(&d, log, &arrival);
+        super::outcome::recent(fleet, &d);
         tenancy::record_dispatch(&pass, &d, &req);
         return result;
     }

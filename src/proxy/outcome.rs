@@ -124,6 +124,22 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
     }
 }
 
+/// Count `d` in the fleet page's per node:model traffic (status, time to first byte).
+pub fn recent(fleet: &Fleet, d: &Dispatch) {
+    let c = d.choice();
+    let (ok, ttft_ms) = {
+        let st = d.state.lock();
+        let ok = st.status.is_some_and(|s| (200..300).contains(&s)) && !st.upstream_error;
+        let ttft = st
+            .first_byte
+            .map(|fb| fb.duration_since(d.started).as_secs_f64() * 1000.0);
+        (ok, ttft)
+    };
+    fleet
+        .recent
+        .served(&c.node_id, &c.model, ok, ttft_ms, now_ms());
+}
+
 /// Feed the node:model rates and the prefix memory from one successful response.
 fn learn(
     fleet: &Fleet,

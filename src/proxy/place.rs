@@ -15,7 +15,7 @@ use crate::metrics::METRICS;
 use crate::protocol::{Endpoint, ErrorCode, ParsedRequest};
 use crate::queue::admission::Refusal;
 use crate::queue::{Waiting, WaitingGuard};
-use crate::routing::{self, AffinityKind, Choice, Decision, NoRoute, RouteRequest};
+use crate::routing::{self, AffinityKind, Choice, Decision, FleetView, NoRoute, RouteRequest};
 use crate::services::now_ms;
 
 /// Where a request will run, with its seat.
@@ -78,9 +78,23 @@ fn no_route_error(
     }
 }
 
-fn decide(fleet: &Fleet, req: &RouteRequest) -> Decision {
+fn decide(fleet: &Fleet, req: &RouteRequest) -> (Decision, Arc<FleetView>) {
     let view = fleet.view();
-    routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms())
+    let d = routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms());
+    (d, view)
+}
+
+/// Count a decision the proxy acts on and keep it for the fleet page.
+fn note(fleet: &Fleet, ep: Endpoint, req: &RouteRequest, d: &Decision, view: &Arc<FleetView>) {
+    crate::metrics::record_decision(d, req.pin.is_some());
+    fleet.recent.decided(crate::fleet::recent::DecisionNote {
+        at_ms: now_ms(),
+        endpoint: ep,
+        mode: fleet.config().routing.policy.mode,
+        req: req.clone(),
+        decision: d.clone(),
+        view: view.clone(),
+    });
 }
 
 /// Same-model candidates with the node that holds the seat first.
@@ -185,11 +199,11 @@ pub async fn place(
     let mut refusals = 0;
     loop {
         let changed = fleet.changed.notified();
-        let decision = decide(fleet, req);
+        let (decision, view) = decide(fleet, req);
         let winner = decision.winner().cloned();
         // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
         if winner.is_some() && refusals < 3 {
-            crate::metrics::record_decision(&decision, req.pin.is_some());
+            note(fleet, ep, req, &decision, &view);
             let (w, lease) = match admit::pick(fleet, &decision, board.is_some(), &share) {
                 Pick::Ready(w, lease) => (w, lease),
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.
@@ -245,7 +259,7 @@ pub async fn place(
         }
         refusals = 0;
         if board.is_none() && winner.is_none() {
-            crate::metrics::record_decision(&decision, req.pin.is_some());
+            note(fleet, ep, req, &decision, &view);
         }
         let no_route = match winner {
             Some(_) => NoRoute::NoProvider,
@@ -253,7 +267,13 @@ pub async fn place(
         };
         let pulling = no_route == NoRoute::ModelNotFound
             && crate::services::autopull::request(fleet, &req.models[0]);
-        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling {
+        // A node still starting up may report the model in a moment: wait for it briefly.
+        let settle_deadline = started + crate::services::settle::SETTLE_WAIT;
+        let settling = no_route == NoRoute::ModelNotFound
+            && may_hold
+            && Instant::now() < settle_deadline
+            && crate::services::settle::any_settling(fleet);
+        if (no_route != NoRoute::NoProvider || !may_hold) && !pulling && !settling {
             let (code, msg) = no_route_error(no_route, parsed, req);
             return Ok(Err(Unplaced::Error(code, msg)));
         }
@@ -287,7 +307,10 @@ pub async fn place(
                 format!("{msg} (waited {} s)", q.holding_timeout_s),
             )));
         }
-        let rescore = Duration::from_millis(q.holding_rescore_ms).min(hold_deadline - now);
+        let mut rescore = Duration::from_millis(q.holding_rescore_ms).min(hold_deadline - now);
+        if settling {
+            rescore = rescore.min(settle_deadline.saturating_duration_since(now));
+        }
         tokio::select! {
             _ = changed => {}
             _ = tokio::time::sleep(rescore) => {}

@@ -1,5 +1,5 @@
 //! Background services: node health/state polling, the fleet clock (time-driven state),
-//! capacity-learner persistence, pre-warm, rebalance, auto-pull.
+//! capacity-learner persistence, pre-warm, rebalance, auto-pull, start-up settling.
 
 pub mod autopull;
 pub mod clock;
@@ -10,6 +10,7 @@ pub mod ops;
 pub mod prewarm;
 pub mod rebalance;
 pub mod reload;
+pub mod settle;
 pub mod shutdown;
 
 /// Milliseconds since the Unix epoch: the clock every `*_ms` timestamp in fleet state uses.

@@ -1,0 +1,237 @@
+//! The common path end to end: upstream connections are reused (a few for hundreds of
+//! requests), a node that starts with an empty model list is served without a 404, and a
+//! batching server that reports no seat count gets more than one seat. The node is a small raw HTTP/1.1 server on 127.0.0.1 that counts the
+//! connections it accepts.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::{admin_json, client, runtime, Gateway};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+
+const MODEL: &str = "hot:1b";
+
+/// Switches of the raw node.
+#[derive(Default)]
+struct NodeCtl {
+    accepts: AtomicU64,
+    /// `/v1/models` answers an empty list this many more times.
+    empty_polls: AtomicUsize,
+    /// After a streamed response, the next request on that connection is read and the
+    /// connection closed unanswered (as a server that advertises keep-alive but closes).
+    close_after_stream: AtomicBool,
+    chats: AtomicU64,
+    /// Chat requests being answered right now, and the most at once.
+    running: AtomicUsize,
+    peak: AtomicUsize,
+    /// Chat answers wait while this is set.
+    hold: AtomicBool,
+}
+
+struct Req {
+    path: String,
+    body: Vec<u8>,
+}
+
+async fn read_req<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> Option<Req> {
+    let mut line = String::new();
+    if r.read_line(&mut line).await.ok()? == 0 {
+        return None;
+    }
+    let path = line.split_whitespace().nth(1)?.to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).await.ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).await.ok()?;
+    Some(Req { path, body })
+}
+
+fn plain(status: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn sse() -> String {
+    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+    let c1 = format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"finish_reason\":null}}]}}\n\n");
+    let c2 = format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n");
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\r\n{}{}{}0\r\n\r\n",
+        chunk(&c1),
+        chunk(&c2),
+        chunk("data: [DONE]\n\n")
+    )
+}
+
+async fn serve_conn(s: tokio::net::TcpStream, ctl: Arc<NodeCtl>) {
+    let (r, mut w) = s.into_split();
+    let mut r = BufReader::new(r);
+    let mut streamed = false;
+    while let Some(req) = read_req(&mut r).await {
+        if req.path == "/v1/models" {
+            let left = ctl.empty_polls.load(Ordering::SeqCst);
+            let body = if left > 0 {
+                ctl.empty_polls.store(left - 1, Ordering::SeqCst);
+                r#"{"object":"list","data":[]}"#.to_string()
+            } else {
+                format!(
+                    r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model","max_model_len":32768}}]}}"#
+                )
+            };
+            if w.write_all(plain("200 OK", &body).as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            continue;
+        }
+        if streamed && ctl.close_after_stream.load(Ordering::SeqCst) {
+            return; // read the request, answer nothing, close
+        }
+        ctl.chats.fetch_add(1, Ordering::SeqCst);
+        let now = ctl.running.fetch_add(1, Ordering::SeqCst) + 1;
+        ctl.peak.fetch_max(now, Ordering::SeqCst);
+        while ctl.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        ctl.running.fetch_sub(1, Ordering::SeqCst);
+        let stream = serde_json::from_slice::<serde_json::Value>(&req.body)
+            .ok()
+            .and_then(|v| v["stream"].as_bool())
+            .unwrap_or(false);
+        let resp = if stream {
+            streamed = true;
+            sse()
+        } else {
+            plain(
+                "200 OK",
+                &format!(
+                    r#"{{"id":"c","object":"chat.completion","model":"{MODEL}","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}}}"#
+                ),
+            )
+        };
+        if w.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn start_node(rt: &Runtime, ctl: Arc<NodeCtl>) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    rt.spawn(async move {
+        let l = TcpListener::from_std(l).unwrap();
+        while let Ok((s, _)) = l.accept().await {
+            ctl.accepts.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve_conn(s, ctl.clone()));
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn gateway(url: &str) -> Gateway {
+    Gateway::start(&format!(
+        "fleet:\n  nodes:\n    - id: n1\n      url: {url}\n      backend: openai\n"
+    ))
+}
+
+fn chat(stream: bool) -> String {
+    serde_json::json!({"model": MODEL, "stream": stream, "max_tokens": 1,
+        "messages": [{"role": "user", "content": "hello"}]})
+    .to_string()
+}
+
+async fn send(c: &reqwest::Client, gw: &Gateway, stream: bool) -> (u16, String) {
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat(stream))
+        .send()
+        .await
+        .expect("gateway answers");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap_or_default())
+}
+
+#[test]
+fn upstream_connections_are_reused() {
+    let rt = runtime();
+    let ctl = Arc::new(NodeCtl::default());
+    let url = start_node(&rt, ctl.clone());
+    let gw = gateway(&url);
+    rt.block_on(async {
+        let c = client();
+        let before = ctl.accepts.load(Ordering::SeqCst);
+        for i in 0..300 {
+            let (status, body) = send(&c, &gw, i % 2 == 1).await;
+            assert_eq!(status, 200, "request {i}: {body}");
+        }
+        // One at a time: one connection should do it all; a few are tolerated (Pingora's pool
+        // race), 40 % (one connect per request or so) is the regression this catches.
+        let serial = ctl.accepts.load(Ordering::SeqCst) - before;
+        assert!(
+            serial <= 6,
+            "{serial} new upstream connections for 300 requests one at a time"
+        );
+    });
+}
+
+#[test]
+fn a_node_starting_with_no_models_serves_the_first_request() {
+    let rt = runtime();
+    let ctl = Arc::new(NodeCtl::default());
+    // The start-up poll and the next one see no model yet (a server still loading).
+    ctl.empty_polls.store(2, Ordering::SeqCst);
+    let url = start_node(&rt, ctl.clone());
+    let gw = gateway(&url);
+    rt.block_on(async {
+        let c = client();
+        let (status, body) = send(&c, &gw, false).await;
+        assert_eq!(status, 200, "first request: {body}");
+        // Once the node reports its models, an unknown model is a 404 at once.
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .body(r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+    });
+}
+
+#[test]
+fn a_batching_server_is_not_held_to_one_seat() {
+    let rt = runtime();
+    let ctl = Arc::new(NodeCtl::default());
+    ctl.hold.store(true, Ordering::SeqCst);
+    let url = start_node(&rt, ctl.clone());
+    let gw = gateway(&url);
+    rt.block_on(async {
+        let st = admin_json(&gw, "/fleet/status").await;
+        let n = &st["nodes"][0];
+        assert_eq!(n["seats_from"], "default_batching", "{n:#}");
+        assert!(n["seats"].as_u64().unwrap() >= 32, "{n:#}");
+    });
+}
