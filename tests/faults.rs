@@ -205,6 +205,9 @@ fn each_fault_leaves_only_successes_and_clean_errors() {
                 // A node's 500 is an answer (in the protocol's shape), passed on as it is; the
                 // healthy node serves the rest.
                 Fault::Status500 => assert!(ok >= 10, "{name}: {ok}"),
+                // A stream the node cut after its first chunk cannot move: it ends with the
+                // protocol's error event (a clean error); the rest are served elsewhere.
+                Fault::Flap(_) => assert!(ok >= 30, "{name}: {ok}"),
                 // Nothing reached the client before the failure: every request moved.
                 _ => assert_eq!(ok, 40, "{name}: every request served elsewhere"),
             }
