@@ -112,6 +112,7 @@ pub async fn client_request(
         if !matches!(ended, Ok(Ended::Unsent)) {
             // Accounted even when the client went away mid-response: the node did the work.
             record(&d, log, &arrival);
+            seat_freed(fleet);
             super::outcome::account(fleet, &d);
             super::outcome::recent(fleet, &d);
             tenancy::record_dispatch(&pass, &d, &req);
@@ -127,6 +128,7 @@ pub async fn client_request(
             drop(st.lease.take());
             st.retries
         };
+        seat_freed(fleet);
         let mut also = None;
         if spent < d.max_retries {
             let mut again = route_req.clone();
@@ -273,6 +275,14 @@ pub(super) fn record_local(protocol: &str, code: ErrorCode) {
         .errors
         .with_label_values(&[protocol, code.as_str()])
         .inc();
+}
+
+/// A seat was freed: requests in the holding queue re-decide now, not at their next rescore
+/// (a seat or an evictable model may be what they were waiting for).
+fn seat_freed(fleet: &Fleet) {
+    if !fleet.board.is_empty() {
+        fleet.changed.notify_waiters();
+    }
 }
 
 /// Count the outcome of a proxied request, log it and release its seat.

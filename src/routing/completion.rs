@@ -14,11 +14,17 @@
 //! `output_tokens` the observed mean (capped by `max_tokens`), else min(`max_tokens`,
 //! `wait_heuristic_output_tokens`). Priors: decode from the node's `decode_tps`, else model GB
 //! over memory bandwidth (a token reads every weight once); prefill from the node's
-//! `prefill_tps`, else `completion_prefill_per_decode` x decode tokens/s. Exploration: a pair
-//! with no response in `completion_explore_after_s` (or none ever) has its prefill and decode
-//! multiplied by `completion_explore_factor`, so a node never tried is not ignored forever;
-//! deterministic in `now_ms`. Never for a turn of a conversation this gateway has served
-//! (`cached_on`): it goes where its cache is, unless that node is slower.
+//! `prefill_tps`, else `completion_prefill_per_decode` x decode tokens/s.
+//!
+//! Exploration, optimistic and one probe at a time: a pair never observed, with nothing in
+//! flight to it, is predicted with the best rates the fleet has observed for the same model
+//! (`peer`), so an untried node gets the next request it could finish as soon as the best
+//! known one would; once that probe is under way it is taken as a typical node (the mean of
+//! the observed ones) until the probe's response teaches its own rates. A pair with no response in
+//! `completion_explore_after_s` (or none ever) has its prefill and decode multiplied by
+//! `completion_explore_factor`, so a node that was slow once is tried again; deterministic in
+//! `now_ms`. Never for a turn of a conversation this gateway has served (`cached_on`): it goes
+//! where its cache is, unless that node is slower.
 
 use serde::Serialize;
 
@@ -57,6 +63,8 @@ pub(super) struct Input<'a> {
     pub load: ModelLoad,
     pub node_in_flight: u32,
     pub rates: Rates,
+    /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
+    pub peer: Option<Peers>,
     pub needed_tokens: u64,
     pub now_ms: u64,
 }
@@ -82,10 +90,108 @@ pub fn priors(p: &Policy, node: &NodeView, model: &ModelView) -> (f64, f64) {
     (prefill, spt)
 }
 
+/// What the fleet has observed for one model on the nodes that served it: the best of each
+/// rate (fastest prefill and decode, shortest seat time) and their mean over those nodes. The
+/// priors of a pair not yet observed; cold-load time is the node's own (its disk), never a
+/// peer's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peers {
+    pub best: Rates,
+    pub mean: Rates,
+}
+
+/// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
+pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
+    fn best(a: Option<f64>, b: Option<f64>, better: fn(f64, f64) -> f64) -> Option<f64> {
+        match (positive(a), positive(b)) {
+            (Some(a), Some(b)) => Some(better(a, b)),
+            (a, b) => a.or(b),
+        }
+    }
+    #[derive(Default)]
+    struct Mean(f64, u32);
+    impl Mean {
+        fn add(&mut self, v: Option<f64>) {
+            if let Some(v) = positive(v) {
+                self.0 += v;
+                self.1 += 1;
+            }
+        }
+        fn get(&self) -> Option<f64> {
+            (self.1 > 0).then(|| self.0 / f64::from(self.1))
+        }
+    }
+    let (mut prefill, mut spt, mut service, mut n) =
+        (Mean::default(), Mean::default(), Mean::default(), 0u32);
+    let (mut overhead, mut per_stream) = (0.0, 0.0);
+    let mut top: Option<Rates> = None;
+    for r in all.into_iter().filter(|r| r.observed > 0) {
+        prefill.add(r.prefill_tps);
+        spt.add(r.decode_spt);
+        service.add(r.service_s);
+        overhead += r.prefill_overhead_s.max(0.0);
+        per_stream += r.decode_spt_per_stream.max(0.0);
+        n += 1;
+        top = Some(match top {
+            None => r,
+            Some(a) => Rates {
+                prefill_tps: best(a.prefill_tps, r.prefill_tps, f64::max),
+                prefill_overhead_s: a.prefill_overhead_s.min(r.prefill_overhead_s),
+                decode_spt: best(a.decode_spt, r.decode_spt, f64::min),
+                decode_spt_per_stream: a.decode_spt_per_stream.min(r.decode_spt_per_stream),
+                service_s: best(a.service_s, r.service_s, f64::min),
+                output_tokens: a.output_tokens.or(r.output_tokens),
+                observed: a.observed.saturating_add(r.observed),
+                ..a
+            },
+        });
+    }
+    let top = top?;
+    let strip = |r: Rates| Rates {
+        load_s: None,
+        observed: 0,
+        last_ms: None,
+        ..r
+    };
+    Some(Peers {
+        best: strip(top),
+        mean: strip(Rates {
+            prefill_tps: prefill.get(),
+            prefill_overhead_s: overhead / f64::from(n),
+            decode_spt: spt.get(),
+            decode_spt_per_stream: per_stream / f64::from(n),
+            service_s: service.get(),
+            output_tokens: top.output_tokens,
+            ..Rates::default()
+        }),
+    })
+}
+
+/// The rates a pair is predicted with: its own once observed. Never observed: the peers' best
+/// while no probe is in flight to it (optimism, one probe at a time), their mean while one is;
+/// with no peers, its own (empty: the priors). True when a peer figure is used.
+fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
+    let probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
+    match x.peer {
+        Some(peers) if x.rates.observed == 0 => {
+            let from = if probe_out { peers.mean } else { peers.best };
+            (
+                Rates {
+                    load_s: x.rates.load_s,
+                    ..from
+                },
+                true,
+            )
+        }
+        _ => (x.rates, false),
+    }
+}
+
 /// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
 pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let seats = x.node.seats.max(1);
-    let r = &x.rates;
+    let (rates, optimistic) = effective_rates(x);
+    let r = &rates;
     // Decode: seconds per token of one stream, then at the node's concurrency.
     let (_, prior_spt) = priors(p, x.node, x.model);
     let spt1 = positive(r.decode_spt).unwrap_or(prior_spt).max(MIN_SPT);
@@ -114,10 +220,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let mut decode_s = output_tokens * spt;
     let service_s = positive(r.service_s).unwrap_or(prefill_s + decode_s);
     // A turn of a conversation this gateway served goes where its cache is: no exploring.
+    // The peers' best rates are optimism enough: no further discount on them.
     let explored = x.req.cached_on.is_none()
         && r.last_ms
             .is_none_or(|t| x.now_ms.saturating_sub(t) > p.completion_explore_after_s * 1000);
-    if explored {
+    if explored && !optimistic {
         prefill_s *= p.completion_explore_factor;
         decode_s *= p.completion_explore_factor;
     }
@@ -186,6 +293,7 @@ mod tests {
             load,
             node_in_flight: load.in_flight,
             rates,
+            peer: None,
             needed_tokens: 2_000,
             now_ms: 1_000_000,
         }

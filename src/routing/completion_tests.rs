@@ -218,3 +218,112 @@ fn a_deeper_queue_is_never_predicted_sooner() {
         last = t;
     }
 }
+
+/// An untried node is predicted with the best rates the fleet has seen for the model, so it
+/// gets a request as soon as it would finish it as soon as the best known node; while that
+/// one probe is out it is taken as a typical node (the mean of the observed ones), and once
+/// answered its own rates decide.
+#[test]
+fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
+    let mut f = fleet(vec![
+        node("known", vec![loaded("m", 5.0)]),
+        node("slow", vec![loaded("m", 5.0)]),
+        node("fresh", vec![loaded("m", 5.0)]),
+    ]);
+    for n in &mut f.nodes {
+        n.seats = 4;
+        n.bandwidth_gbps = None;
+    }
+    let r = req(&["m"], 1_000);
+    // The known node is busy with 2 streams (each adds 5 ms per token): the untried node,
+    // assumed as fast as the known one alone, finishes sooner.
+    let busy = Rates {
+        decode_spt_per_stream: 0.005,
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .rated(0, "m", busy)
+        .with(0, "m", queue(2, 0))
+        .rated(1, "m", seen(20.0));
+    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    assert_eq!(d.winner().unwrap().node_id, "fresh");
+    let Verdict::Predicted { prediction } = d.table[2].verdict else {
+        panic!("fresh predicted")
+    };
+    assert!(
+        (prediction.decode_tps - 100.0).abs() < 1e-9,
+        "{prediction:?}"
+    );
+    assert_eq!(prediction.observed, 0);
+    // Its probe is out: the mean of the observed nodes (1 / 30 ms = 33 tokens/s alone), and
+    // the known node wins again.
+    let probing = loads.clone().with(2, "m", queue(1, 0));
+    let d = decide(&r, &f, &completion(), &probing, 1_000_000);
+    assert_eq!(d.winner().unwrap().node_id, "known");
+    let Verdict::Predicted { prediction } = d.table[2].verdict else {
+        panic!("fresh predicted")
+    };
+    let mean_spt = (0.01 + 0.05) / 2.0 + 0.0025;
+    assert!(
+        (prediction.decode_tps - 1.0 / mean_spt).abs() < 1e-9,
+        "{prediction:?}"
+    );
+    // Answered, and slow: its own rates keep it out while the known node has room.
+    let answered = loads.clone().rated(2, "m", seen(10.0));
+    let d = decide(&r, &f, &completion(), &answered, 1_000_000);
+    assert_eq!(d.winner().unwrap().node_id, "known");
+    // With nothing observed anywhere there is no peer to borrow from: the priors
+    // (5 GB / 100 GB/s = 20 tokens/s).
+    let none = TableLoads::default();
+    let d = decide(&r, &f, &completion(), &none, 1_000_000);
+    let Verdict::Predicted { prediction } = d.table[0].verdict else {
+        panic!("known predicted")
+    };
+    assert!(
+        (prediction.decode_tps - 20.0).abs() < 1e-9,
+        "{prediction:?}"
+    );
+}
+
+/// Completion mode counts what idle loaded models hold as memory a cold load can have (the
+/// backend evicts them); spec mode keeps spec 000's fit ratio, and a busy model is never
+/// counted.
+#[test]
+fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
+    let mut ws = node(
+        "ws",
+        vec![loaded("a", 20.0), loaded("b", 20.0), model("big", 22.0)],
+    );
+    ws.memory_gb = 50.0;
+    ws.free_memory_gb = None;
+    let f = fleet(vec![ws]);
+    let r = req(&["big"], 100);
+    let spec = decide(
+        &r,
+        &f,
+        &Policy::default(),
+        &TableLoads::default(),
+        1_000_000,
+    );
+    assert!(matches!(
+        spec.table[0].verdict,
+        Verdict::Eliminated {
+            reason: Reason::MemoryFit
+        }
+    ));
+    let d = decide(&r, &f, &completion(), &TableLoads::default(), 1_000_000);
+    let w = d.winner().expect("evicting an idle model makes room");
+    assert!(w.cold);
+    // Both loaded models busy: 10 GB free, nothing to evict.
+    let busy = TableLoads::default()
+        .with(0, "a", queue(1, 0))
+        .with(0, "b", queue(0, 1));
+    let d = decide(&r, &f, &completion(), &busy, 1_000_000);
+    assert!(d.winner().is_none());
+    assert!(matches!(
+        d.table[0].verdict,
+        Verdict::Eliminated {
+            reason: Reason::MemoryFit
+        }
+    ));
+}

@@ -87,6 +87,21 @@ fn decide_once(
     let mut pinned_spare = vec![false; n_models];
     let mut provisional_in_use = 0u32;
     let mut cached_on: Option<usize> = None;
+    // Completion mode: per candidate model, the best rates observed anywhere in the fleet.
+    let peers: Vec<Option<completion::Peers>> = match policy.mode {
+        Mode::Spec => vec![None; n_models],
+        Mode::Completion => req
+            .models
+            .iter()
+            .map(|name| {
+                completion::peer_rates(
+                    (0..fleet.nodes.len())
+                        .filter(|&idx| fleet.nodes[idx].model(name).is_some())
+                        .map(|idx| loads.rates(idx, name)),
+                )
+            })
+            .collect(),
+    };
 
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
@@ -100,9 +115,13 @@ fn decide_once(
         let node_out = eliminate::node_reason(req, node, policy, node_in_flight);
         let weight = key.map(|k| affinity::rendezvous_weight(k, &node.id));
         let needed = eliminate::needed_tokens(req, node);
-        let available = match node_out {
-            None => eliminate::available_gb(node),
-            Some(_) => 0.0,
+        let available = match (node_out, policy.mode) {
+            (Some(_), _) => 0.0,
+            (None, Mode::Spec) => eliminate::available_gb(node),
+            (None, Mode::Completion) => eliminate::available_gb_evicting(node, |name| {
+                let load = loads.model(idx, name);
+                load.in_flight.saturating_add(load.pending) > 0
+            }),
         };
         for (pos, name) in req.models.iter().enumerate() {
             let model = node.model(name);
@@ -149,6 +168,7 @@ fn decide_once(
                                 load,
                                 node_in_flight,
                                 rates: loads.rates(idx, name),
+                                peer: peers[pos],
                                 needed_tokens: needed,
                                 now_ms,
                             };
@@ -186,6 +206,7 @@ fn decide_once(
         fleet,
         policy,
         loads,
+        peers: &peers,
         now_ms,
     };
     match policy.mode {
@@ -279,6 +300,7 @@ struct Post<'a> {
     fleet: &'a FleetView,
     policy: &'a Policy,
     loads: &'a dyn Loads,
+    peers: &'a [Option<completion::Peers>],
     now_ms: u64,
 }
 
@@ -322,6 +344,7 @@ fn add_cached_prefix(
             load: post.loads.model(idx, name),
             node_in_flight: post.loads.node_in_flight(idx),
             rates: post.loads.rates(idx, name),
+            peer: post.peers[pos],
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
         };
