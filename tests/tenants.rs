@@ -361,3 +361,98 @@ fn the_key_file_is_re_read_on_reload() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The real binary at the most verbose log level (its own and pingora's debug lines on
+/// stderr): keys sent every way an SDK sends them, right and wrong, appear nowhere in that
+/// output; the tenant does.
+#[test]
+fn keys_never_reach_the_gateways_own_log_output() {
+    use std::process::{Command, Stdio};
+    let rt = runtime();
+    let a = sim(&rt, &spec(2, 8192));
+    let dir = std::env::temp_dir().join(format!("fleetgate-keylog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let path = dir.join("fleetgate.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 1\n{}access_log:\n  enabled: true\n{}",
+            auth(""),
+            fleet(&[node("kl", &a, "      capacity: 2\n")])
+        ),
+    )
+    .unwrap();
+    let stderr = dir.join("stderr.log");
+    let stdout = dir.join("stdout.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::from(std::fs::File::create(&stdout).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&stderr).unwrap()))
+        .spawn()
+        .expect("spawn fleetgate");
+    let base = format!("http://127.0.0.1:{port}");
+    rt.block_on(async {
+        let c = client();
+        eventually("the gateway serves", || {
+            let c = c.clone();
+            let url = format!("{base}/v1/chat/completions");
+            async move {
+                c.post(url)
+                    .bearer_auth(KEY_A)
+                    .json(&chat())
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await;
+        let anthropic = json!({"model": "m:1b", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+        let ollama = json!({"model": "m:1b", "stream": false, "messages": [{"role": "user", "content": "hi"}]});
+        let sends = [
+            ("/v1/chat/completions", "authorization", format!("Bearer {KEY_B}"), chat(), 200),
+            ("/v1/messages", "x-api-key", KEY_A.to_string(), anthropic.clone(), 200),
+            ("/api/chat", "authorization", KEY_B.to_string(), ollama.clone(), 200),
+            ("/v1/chat/completions", "authorization", "Bearer sk-not-a-real-key-000".into(), chat(), 401),
+            ("/v1/messages", "x-api-key", "sk-wrong-wrong-wrong".into(), anthropic, 401),
+        ];
+        for (p, header, value, body, want) in sends {
+            let r = c
+                .post(format!("{base}{p}"))
+                .header(header, value)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), want, "{p}");
+        }
+    });
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = std::fs::read_to_string(&stdout).unwrap_or_default()
+        + &std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(out.lines().count() >= 6, "the gateway logged: {out}");
+    assert!(out.contains("team-a") && out.contains("team-b"), "{out}");
+    for secret in [
+        KEY_A,
+        KEY_B,
+        "sk-not-a-real-key-000",
+        "sk-wrong-wrong-wrong",
+    ] {
+        let leaks: Vec<&str> = out.lines().filter(|l| l.contains(secret)).collect();
+        assert!(
+            leaks.is_empty(),
+            "a key leaked into the log output: {leaks:#?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

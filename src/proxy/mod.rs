@@ -205,6 +205,12 @@ impl ProxyHttp for Gateway {
                 self.fleet.node_config(d.choice().node).host.as_str(),
             )?;
         }
+        // With `auth:` on, the client's key is the gateway's credential: no node sees it (nor
+        // any log line that prints what is sent upstream). Without it, keys pass through.
+        if self.fleet.config().tenancy.auth_enabled() {
+            upstream.remove_header("authorization");
+            upstream.remove_header("x-api-key");
+        }
         Ok(())
     }
 
