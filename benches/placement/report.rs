@@ -25,6 +25,27 @@ pub struct Figures {
     pub reuse: f64,
     /// Per node: seat time / (seats x run time).
     pub util: Vec<f64>,
+    /// Total seconds of each request that succeeded, by tag (for like-for-like comparisons).
+    pub served: std::collections::HashMap<String, f64>,
+}
+
+/// Mean total of `a` over the requests `b` also served, divided by `b`'s over the same ones:
+/// a like-for-like ratio when one policy fails requests the other serves (their slow ones
+/// would otherwise only count against the policy that served them). NaN when none in common.
+pub fn common_ratio(a: &Figures, b: &Figures) -> f64 {
+    let both: Vec<(f64, f64)> = a
+        .served
+        .iter()
+        .filter_map(|(tag, ta)| b.served.get(tag).map(|tb| (*ta, *tb)))
+        .collect();
+    let (sa, sb) = both
+        .iter()
+        .fold((0.0, 0.0), |(x, y), (p, q)| (x + p, y + q));
+    if both.is_empty() || sb <= 0.0 {
+        f64::NAN
+    } else {
+        sa / sb
+    }
 }
 
 pub fn figures(d: &RunData) -> Figures {
@@ -67,6 +88,10 @@ pub fn figures(d: &RunData) -> Figures {
             .iter()
             .map(|(_, seats, s)| s.seat_seconds / (f64::from(*seats) * wall))
             .collect(),
+        served: ok
+            .iter()
+            .map(|o| (o.tag.clone(), o.total.as_secs_f64()))
+            .collect(),
     }
 }
 
@@ -89,6 +114,7 @@ pub fn medians(runs: &[Figures]) -> Figures {
         util: (0..nodes)
             .map(|i| median(&runs.iter().map(|r| r.util[i]).collect::<Vec<_>>()))
             .collect(),
+        served: Default::default(),
     }
 }
 
