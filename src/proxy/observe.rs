@@ -39,10 +39,13 @@ pub struct StreamObserver {
     line: Vec<u8>,
     line_len: usize,
     chunks: u32,
+    /// What `finish` read, kept: the outcome and the tenant's usage both ask.
+    finished: Option<Observed>,
 }
 
 impl StreamObserver {
     pub fn feed(&mut self, bytes: &[u8]) {
+        self.finished = None;
         if self.head.len() < HEAD {
             let n = (HEAD - self.head.len()).min(bytes.len());
             self.head.extend_from_slice(&bytes[..n]);
@@ -83,7 +86,11 @@ impl StreamObserver {
         &self.head
     }
 
+    /// Read once: later calls return the same figures without re-scanning.
     pub fn finish(&mut self) -> Observed {
+        if let Some(o) = self.finished {
+            return o;
+        }
         if self.line_len > 0 {
             self.end_line();
         }
@@ -93,7 +100,7 @@ impl StreamObserver {
                 .or_else(|| keys.iter().find_map(|k| last_number(&self.head, k)))
         };
         let u32_of = |v: Option<u64>| v.and_then(|n| u32::try_from(n).ok());
-        Observed {
+        let o = Observed {
             chunks: self.chunks,
             prompt_tokens: u32_of(find(&[
                 "prompt_tokens",
@@ -105,7 +112,9 @@ impl StreamObserver {
             prompt_eval_duration_ns: find(&["prompt_eval_duration"]),
             load_duration_ns: find(&["load_duration"]),
             cached_tokens: u32_of(find(&["cached_tokens"])),
-        }
+        };
+        self.finished = Some(o);
+        o
     }
 }
 
