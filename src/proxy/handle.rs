@@ -87,9 +87,14 @@ pub async fn client_request(
     let mut placement = placement;
     let mut retries = 0;
     loop {
-        let d = match dispatch_for(
-            fleet, ep, &parsed, route_req, &body, placement, retries, clamp,
-        ) {
+        let asked = Asked {
+            ep,
+            parsed: &parsed,
+            req: route_req,
+            body: &body,
+            clamp,
+        };
+        let d = match dispatch_for(fleet, &asked, placement, retries) {
             Ok(d) => d,
             Err(msg) => {
                 let code = ErrorCode::InvalidRequest;
@@ -162,18 +167,31 @@ pub async fn client_request(
     }
 }
 
+/// What the client asked, as every attempt's dispatch reads it.
+struct Asked<'a> {
+    ep: protocol::Endpoint,
+    parsed: &'a protocol::ParsedRequest,
+    /// The request as routed (the prompt alone when the output budget is clamped).
+    req: &'a crate::routing::RouteRequest,
+    body: &'a bytes::Bytes,
+    /// The request as asked, when its output budget is clamped to the chosen node's window.
+    clamp: Option<&'a crate::routing::RouteRequest>,
+}
+
 /// The dispatch of one attempt: the placement's seat and candidates, the body for its model.
-#[allow(clippy::too_many_arguments)] // one call site; `clamp` is the opt-in budget fit
 fn dispatch_for(
     fleet: &Fleet,
-    ep: protocol::Endpoint,
-    parsed: &protocol::ParsedRequest,
-    req: &crate::routing::RouteRequest,
-    body: &bytes::Bytes,
+    asked: &Asked<'_>,
     mut placement: place::Placement,
     retries: u32,
-    clamp: Option<&crate::routing::RouteRequest>,
 ) -> std::result::Result<Arc<Dispatch>, String> {
+    let Asked {
+        ep,
+        parsed,
+        req,
+        body,
+        clamp,
+    } = *asked;
     let model = placement.ranked[0].model.clone();
     let learn = super::dispatch::LearnInput {
         affinity_key: req.affinity_key,
