@@ -94,6 +94,18 @@ pub(super) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Va
     obj.get(key).filter(|v| !v.is_null())
 }
 
+/// `stream` as the client asked (`default` when it did not say), carried to an OpenAI body; a
+/// stream asks for usage in its last chunk (what the client's protocol reports at the end).
+pub(super) fn openai_stream(obj: &Map<String, Value>, out: &mut Map<String, Value>, default: bool) {
+    let stream = field(obj, "stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(default);
+    out.insert("stream".into(), json!(stream));
+    if stream {
+        out.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+}
+
 /// Copy the keys present in `from` to `to` under new names.
 pub(super) fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, keys: &[(&str, &str)]) {
     for (src, dst) in keys {

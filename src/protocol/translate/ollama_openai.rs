@@ -46,16 +46,6 @@ fn options(obj: &Obj, out: &mut Obj) {
     }
 }
 
-fn stream_flag(obj: &Obj, out: &mut Obj) {
-    let stream = field(obj, "stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(true);
-    out.insert("stream".into(), json!(stream));
-    if stream {
-        out.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-}
-
 fn model(obj: &Obj) -> Value {
     field(obj, "model").cloned().unwrap_or(json!(""))
 }
@@ -128,7 +118,7 @@ pub(super) fn chat_request(obj: &Obj) -> Result<Value, String> {
         out.insert("tools".into(), t.clone());
     }
     options(obj, &mut out);
-    stream_flag(obj, &mut out);
+    frame::openai_stream(obj, &mut out, true);
     Ok(Value::Object(out))
 }
 
@@ -155,7 +145,7 @@ pub(super) fn generate_request(obj: &Obj) -> Result<Value, String> {
     out.insert("prompt".into(), json!(prompt));
     frame::copy(obj, &mut out, &[("suffix", "suffix")]);
     options(obj, &mut out);
-    stream_flag(obj, &mut out);
+    frame::openai_stream(obj, &mut out, true);
     Ok(Value::Object(out))
 }
 

@@ -161,13 +161,7 @@ pub(super) fn request(obj: &Obj) -> Result<Value, String> {
         }
         _ => {}
     }
-    let stream = field(obj, "stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    out.insert("stream".into(), json!(stream));
-    if stream {
-        out.insert("stream_options".into(), json!({"include_usage": true}));
-    }
+    frame::openai_stream(obj, &mut out, false);
     Ok(Value::Object(out))
 }
 

@@ -33,6 +33,11 @@ fn run(tr: Translation, status: u16, stream: bool, body: &str, step: usize) -> S
     String::from_utf8(out).expect("utf8")
 }
 
+/// The SSE events a 200 stream `body` becomes, fed `step` bytes at a time.
+fn streamed(tr: Translation, body: &str, step: usize) -> Vec<(String, Value)> {
+    sse_data(&run(tr, 200, true, body, step))
+}
+
 fn sse_data(text: &str) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     let mut name = String::new();
@@ -333,13 +338,7 @@ fn openai_client_on_ollama_requests_and_stream() {
     )
     .is_err());
     for step in [1, 13, 4096] {
-        let ev = sse_data(&run(
-            t(OpenAIChat, OllamaChat),
-            200,
-            true,
-            OLLAMA_CHAT_NDJSON,
-            step,
-        ));
+        let ev = streamed(t(OpenAIChat, OllamaChat), OLLAMA_CHAT_NDJSON, step);
         let text: String = ev
             .iter()
             .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str())
@@ -413,13 +412,7 @@ fn openai_chat_to_anthropic_whole_and_streamed() {
     );
     assert_eq!(v["usage"], json!({"input_tokens": 30, "output_tokens": 9}));
     for step in [1, 50, 4096] {
-        let ev = sse_data(&run(
-            t(AnthropicMessages, OpenAIChat),
-            200,
-            true,
-            OPENAI_CHAT_SSE,
-            step,
-        ));
+        let ev = streamed(t(AnthropicMessages, OpenAIChat), OPENAI_CHAT_SSE, step);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
@@ -440,13 +433,7 @@ fn openai_chat_to_anthropic_whole_and_streamed() {
         assert_eq!(ev[5].1["delta"]["stop_reason"], "end_turn");
         assert_eq!(ev[5].1["usage"]["output_tokens"], 2);
     }
-    let ev = sse_data(&run(
-        t(AnthropicMessages, OpenAIChat),
-        200,
-        true,
-        OPENAI_TOOL_SSE,
-        3,
-    ));
+    let ev = streamed(t(AnthropicMessages, OpenAIChat), OPENAI_TOOL_SSE, 3);
     let start = ev
         .iter()
         .find(|(n, _)| n == "content_block_start")
@@ -528,13 +515,7 @@ fn openai_chat_to_responses_whole_and_streamed() {
     );
     assert_eq!(v["usage"]["total_tokens"], 39);
     for step in [1, 33, 4096] {
-        let ev = sse_data(&run(
-            t(OpenAIResponses, OpenAIChat),
-            200,
-            true,
-            OPENAI_CHAT_SSE,
-            step,
-        ));
+        let ev = streamed(t(OpenAIResponses, OpenAIChat), OPENAI_CHAT_SSE, step);
         let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
@@ -559,13 +540,7 @@ fn openai_chat_to_responses_whole_and_streamed() {
         assert_eq!(ev[6].1["text"], "Hello there");
         assert_eq!(ev[9].1["response"]["usage"]["output_tokens"], 2);
     }
-    let ev = sse_data(&run(
-        t(OpenAIResponses, OpenAIChat),
-        200,
-        true,
-        OPENAI_TOOL_SSE,
-        6,
-    ));
+    let ev = streamed(t(OpenAIResponses, OpenAIChat), OPENAI_TOOL_SSE, 6);
     let args: String = ev
         .iter()
         .filter(|(n, _)| n == "response.function_call_arguments.delta")
@@ -585,7 +560,7 @@ fn ollama_tool_call_stream_to_openai() {
         "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}}]},\"done\":false}\n",
         "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done_reason\":\"stop\",\"done\":true,\"prompt_eval_count\":5,\"eval_count\":3}\n",
     );
-    let ev = sse_data(&run(t(OpenAIChat, OllamaChat), 200, true, nd, 4));
+    let ev = streamed(t(OpenAIChat, OllamaChat), nd, 4);
     let call = &ev[0].1["choices"][0]["delta"]["tool_calls"][0];
     assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
     assert_eq!(call["id"], "call_0");
