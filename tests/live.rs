@@ -568,15 +568,7 @@ fn observed_tokens_per_second_ttft_and_calibration() {
         assert!(v > 3.3 && v <= 4.0, "3 -> 3.2 -> 3.36: {cpt}");
         // The calibrated figure is what routing (and explain) now estimate with: 1000 chars.
         let body = json!({"model": "m:1b", "messages": [{"role": "user", "content": text}]});
-        let e: Value = client()
-            .post(gw.admin_url("/fleet/explain"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let e: Value = explain(&gw, "/fleet/explain", &body).await;
         let want = (1000.0 / v).ceil() as u64 + 4;
         assert_eq!(
             e["prompt_tokens"].as_u64(),

@@ -66,18 +66,6 @@ async fn is_sleeping(s: &Server) -> bool {
     v["is_sleeping"] == json!(true)
 }
 
-async fn explain(gw: &Gateway, body: &Value) -> Value {
-    client()
-        .post(gw.admin_url("/fleet/explain"))
-        .json(body)
-        .send()
-        .await
-        .expect("explain")
-        .json()
-        .await
-        .expect("explain JSON")
-}
-
 /// `ranked` entry of `node` in an explain report.
 fn ranked<'a>(report: &'a Value, node: &str) -> Option<&'a Value> {
     report["ranked"]
@@ -272,14 +260,16 @@ fn real_llamacpp_fleet() {
         let body = chat("hi", 4);
         // Seen at the next poll; generous: polls are slow on a loaded machine.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !ranked(&explain(&gw, &body).await, "sleepy").is_some_and(|c| c["cold"] == true) {
+        while !ranked(&explain(&gw, "/fleet/explain", &body).await, "sleepy")
+            .is_some_and(|c| c["cold"] == true)
+        {
             assert!(
                 Instant::now() < deadline,
                 "the gateway never saw sleepy cold"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let report = explain(&gw, &body).await;
+        let report = explain(&gw, "/fleet/explain", &body).await;
         assert_ne!(report["winner"]["node_id"], "sleepy", "{report:#}");
         assert_eq!(report["winner"]["cold"], false);
         for _ in 0..2 {
@@ -301,7 +291,7 @@ fn real_llamacpp_fleet() {
         .await;
         assert_eq!(r.status(), 200);
         count(&mut sent, "sleepy");
-        let report = explain(&gw, &body).await;
+        let report = explain(&gw, "/fleet/explain", &body).await;
         let c = ranked(&report, "sleepy").expect("sleepy ranked");
         assert_eq!(c["cold"], false, "{report:#}");
 

@@ -131,15 +131,7 @@ fn header_less_chat_stays_spills_and_agrees_across_gateways() {
             }
         })
         .await;
-        let explain: Value = client()
-            .post(gw.admin_url("/fleet/explain/v1/chat/completions"))
-            .json(&chat(7))
-            .send()
-            .await
-            .expect("explain")
-            .json()
-            .await
-            .expect("explain JSON");
+        let explain: Value = explain(&gw, "/fleet/explain/v1/chat/completions", &chat(7)).await;
         let (node, affinity) = send(&gw, &chat(7), None).await;
         assert_ne!(node, home, "a busy home node is passed over: {explain:#}");
         assert_eq!(affinity, "spilled", "{explain:#}");

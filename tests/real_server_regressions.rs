@@ -57,15 +57,7 @@ fn short_chats_do_not_collapse_the_token_estimate() {
         let v: Value = r.json().await.unwrap();
         let served = v["usage"]["prompt_tokens"].as_u64().unwrap();
         // The same prompt again is never estimated above what the node just served.
-        let explain: Value = client()
-            .post(gw.admin_url("/fleet/explain"))
-            .json(&chat(&long, 8))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let explain: Value = explain(&gw, "/fleet/explain", &chat(&long, 8)).await;
         let est = explain["prompt_tokens"].as_u64().unwrap();
         assert!(est <= served, "estimated {est} > served {served}");
         assert!(est + 64 >= served, "estimated {est}, served {served}");
@@ -115,15 +107,7 @@ fn not_here_answers_mark_not_capable_and_leave_the_breaker_closed() {
             assert_eq!(r.status(), 200, "served where embeddings exist");
             assert_eq!(r.headers()["x-fleet-node"], "nc-b");
         }
-        let explain: Value = client()
-            .post(gw.admin_url("/fleet/explain/v1/embeddings"))
-            .json(&emb)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let explain: Value = explain(&gw, "/fleet/explain/v1/embeddings", &emb).await;
         let row = explain["table"]
             .as_array()
             .unwrap()
@@ -241,14 +225,6 @@ fn a_nodes_overflow_answer_teaches_the_estimate() {
 
 /// The gateway's prompt-token estimate for `body` (`/fleet/explain`).
 async fn estimate(gw: &Gateway, body: &Value) -> u64 {
-    let v: Value = client()
-        .post(gw.admin_url("/fleet/explain"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = explain(gw, "/fleet/explain", body).await;
     v["prompt_tokens"].as_u64().unwrap_or(0)
 }

@@ -283,15 +283,7 @@ fn explain_shows_every_node_and_sends_nothing() {
     ));
     rt.block_on(async {
         let body = json!({"model": "m:7b", "messages": [{"role": "user", "content": "word ".repeat(6000)}]});
-        let v: Value = client()
-            .post(gw.admin_url("/fleet/explain/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = explain(&gw, "/fleet/explain/v1/chat/completions", &body).await;
         let table = v["table"].as_array().unwrap();
         let row = |n: &str| table.iter().find(|r| r["node"] == n).unwrap().clone();
         assert_eq!(row("ex-a")["verdict"], "eliminated");
@@ -302,15 +294,7 @@ fn explain_shows_every_node_and_sends_nothing() {
         assert_eq!(v["winner"]["node_id"], "ex-b");
         assert_eq!(v["winner"]["cold"], true);
         // Ollama-shaped body on its own path.
-        let v: Value = client()
-            .post(gw.admin_url("/fleet/explain/api/generate"))
-            .json(&json!({"model": "other:1b", "prompt": "hi"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = explain(&gw, "/fleet/explain/api/generate", &json!({"model": "other:1b", "prompt": "hi"})).await;
         assert_eq!(v["winner"]["node_id"], "ex-c");
     });
     assert_eq!(served(&a) + served(&b) + served(&c), 0);
@@ -331,15 +315,7 @@ fn a_cold_load_makes_the_node_hot_at_once() {
     ));
     rt.block_on(async {
         // Cold everywhere, the faster node is preferred for a 20 GB model ...
-        let v: Value = client()
-            .post(gw.admin_url("/fleet/explain"))
-            .json(&chat("big:32b", "x"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = explain(&gw, "/fleet/explain", &chat("big:32b", "x")).await;
         assert_eq!(v["winner"]["node_id"], "cl-b");
         // ... but once cl-a has loaded it (no poll in between), cl-a is the hot one.
         let r = post(&gw, &chat("big:32b", "x"), &[("x-fleet-pin-node", "cl-a")]).await;

@@ -28,6 +28,22 @@ fn auth(extra: &str) -> String {
     )
 }
 
+/// One sim node with `seats` seats behind a gateway with both tenants' keys and `extra`.
+fn keyed_gateway(
+    rt: &tokio::runtime::Runtime,
+    id: &str,
+    seats: u32,
+    extra: &str,
+) -> (fleetgate::sim::SimHandle, Gateway) {
+    let a = sim(rt, &spec(seats, 8192));
+    let gw = Gateway::start(&format!(
+        "{}{extra}{}",
+        auth(""),
+        fleet(&[node(id, &a, &format!("      capacity: {seats}\n"))])
+    ));
+    (a, gw)
+}
+
 fn temp_path(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("fleetgate-tenants-{}-{name}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
@@ -58,14 +74,13 @@ async fn post(
 #[test]
 fn missing_or_wrong_keys_get_401_in_each_protocol_shape_and_keys_are_never_logged() {
     let rt = runtime();
-    let a = sim(&rt, &spec(2, 8192));
     let log = temp_path("access.log");
-    let gw = Gateway::start(&format!(
-        "{}access_log:\n  enabled: true\n  path: {}\n{}",
-        auth(""),
-        log.display(),
-        fleet(&[node("t-a", &a, "      capacity: 2\n")])
-    ));
+    let (a, gw) = keyed_gateway(
+        &rt,
+        "t-a",
+        2,
+        &format!("access_log:\n  enabled: true\n  path: {}\n", log.display()),
+    );
     rt.block_on(async {
         let (s, _, v) = post(&gw, "/v1/chat/completions", &[], &chat()).await;
         assert_eq!(s, 401);
@@ -141,12 +156,7 @@ fn missing_or_wrong_keys_get_401_in_each_protocol_shape_and_keys_are_never_logge
 #[test]
 fn one_tenants_backlog_does_not_hold_back_another_tenants_request() {
     let rt = runtime();
-    let a = sim(&rt, &spec(2, 8192));
-    let gw = Gateway::start(&format!(
-        "{}queue:\n  max_wait_s: 60\n{}",
-        auth(""),
-        fleet(&[node("fair", &a, "      capacity: 2\n")])
-    ));
+    let (a, gw) = keyed_gateway(&rt, "fair", 2, "queue:\n  max_wait_s: 60\n");
     rt.block_on(async {
         a.control().hold_first_token(true);
         let done = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<&'static str>::new()));
@@ -200,12 +210,12 @@ fn one_tenants_backlog_does_not_hold_back_another_tenants_request() {
 #[test]
 fn tenant_limits_refuse_with_429_and_leave_other_tenants_alone() {
     let rt = runtime();
-    let a = sim(&rt, &spec(4, 8192));
-    let gw = Gateway::start(&format!(
-        "{}tenants:\n  team-a: {{ max_in_flight: 1, tokens_per_min: 100000 }}\n  team-b: {{ tokens_per_min: 60 }}\n{}",
-        auth(""),
-        fleet(&[node("lim", &a, "      capacity: 4\n")])
-    ));
+    let (a, gw) = keyed_gateway(
+        &rt,
+        "lim",
+        4,
+        "tenants:\n  team-a: { max_in_flight: 1, tokens_per_min: 100000 }\n  team-b: { tokens_per_min: 60 }\n",
+    );
     rt.block_on(async {
         let bearer_a = format!("Bearer {KEY_A}");
         let bearer_b = format!("Bearer {KEY_B}");

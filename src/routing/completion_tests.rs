@@ -22,6 +22,11 @@ fn req(models: &[&str], prompt: u32) -> RouteRequest {
     }
 }
 
+/// Completion mode's decision at the time the rates were seen.
+fn at(r: &RouteRequest, f: &FleetView, loads: &TableLoads) -> Decision {
+    decide(r, f, &completion(), loads, 1_000_000)
+}
+
 /// Rates of a node decoding at `tps` alone (prefill 20x), seen just now.
 fn seen(tps: f64) -> Rates {
     Rates {
@@ -56,7 +61,7 @@ fn small_model_goes_to_the_fast_node_with_free_seats() {
         "laptop",
         "spec 000 role affinity"
     );
-    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    let d = at(&r, &f, &loads);
     let w = d.winner().unwrap();
     assert_eq!(w.node_id, "workstation");
     assert!((w.predicted_s.unwrap() - (500.0 / 800.0 + 200.0 / 40.0)).abs() < 1e-9);
@@ -79,13 +84,7 @@ fn loaded_fallback_beats_cold_primary_only_when_it_finishes_first() {
     let loads = TableLoads::default()
         .rated(0, "big", seen(20.0))
         .rated(1, "small", seen(40.0));
-    let d = decide(
-        &req(&["big", "small"], 100),
-        &f,
-        &completion(),
-        &loads,
-        1_000_000,
-    );
+    let d = at(&req(&["big", "small"], 100), &f, &loads);
     let w = d.winner().unwrap();
     assert_eq!((w.node_id.as_str(), w.fallback), ("b", true));
     // A 1 GB primary loads in 0.5 s while the fallback's node is deep in queue: the primary.
@@ -94,13 +93,7 @@ fn loaded_fallback_beats_cold_primary_only_when_it_finishes_first() {
         node("b", vec![loaded("small", 4.0)]),
     ]);
     let deep = loads.clone().with(1, "small", queue(1, 5));
-    let d = decide(
-        &req(&["big", "small"], 100),
-        &f,
-        &completion(),
-        &deep,
-        1_000_000,
-    );
+    let d = at(&req(&["big", "small"], 100), &f, &deep);
     let w = d.winner().unwrap();
     assert_eq!((w.node_id.as_str(), w.cold), ("a", true));
     // A warm primary wins even when a fallback would be faster.
@@ -108,13 +101,7 @@ fn loaded_fallback_beats_cold_primary_only_when_it_finishes_first() {
         node("a", vec![loaded("big", 40.0)]),
         node("b", vec![loaded("small", 4.0)]),
     ]);
-    let d = decide(
-        &req(&["big", "small"], 100),
-        &f,
-        &completion(),
-        &loads,
-        1_000_000,
-    );
+    let d = at(&req(&["big", "small"], 100), &f, &loads);
     assert_eq!(d.winner().unwrap().model, "big");
     assert_eq!(d.ranked[1].model, "small");
 }
@@ -139,7 +126,7 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
         cached_prefix_tokens: 3_000,
         ..req(&["m"], 4_000)
     };
-    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node, owner);
     assert_eq!(d.affinity, AffinityKind::Matched);
     let Verdict::Predicted { prediction } = d.table[owner].verdict else {
@@ -153,7 +140,7 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
     assert_eq!(prediction.cached_tokens, 0);
     // The owner's one seat is taken and two wait: another node finishes sooner.
     let busy = loads.clone().with(owner, "m", queue(1, 2));
-    let d = decide(&r, &f, &completion(), &busy, 1_000_000);
+    let d = at(&r, &f, &busy);
     assert_ne!(d.winner().unwrap().node, owner);
     assert_eq!(d.affinity, AffinityKind::Spilled);
     // The node this gateway saw serve the conversation holds it, not the rendezvous node.
@@ -161,7 +148,7 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
         cached_on: Some(f.nodes[other].id.clone()),
         ..r
     };
-    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node, other);
 }
 
@@ -245,7 +232,7 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
         .rated(0, "m", busy)
         .with(0, "m", queue(2, 0))
         .rated(1, "m", seen(20.0));
-    let d = decide(&r, &f, &completion(), &loads, 1_000_000);
+    let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node_id, "fresh");
     let Verdict::Predicted { prediction } = d.table[2].verdict else {
         panic!("fresh predicted")
@@ -258,7 +245,7 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     // Its probe is out: the mean of the observed nodes (1 / 30 ms = 33 tokens/s alone), and
     // the known node wins again.
     let probing = loads.clone().with(2, "m", queue(1, 0));
-    let d = decide(&r, &f, &completion(), &probing, 1_000_000);
+    let d = at(&r, &f, &probing);
     assert_eq!(d.winner().unwrap().node_id, "known");
     let Verdict::Predicted { prediction } = d.table[2].verdict else {
         panic!("fresh predicted")
@@ -270,12 +257,12 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     );
     // Answered, and slow: its own rates keep it out while the known node has room.
     let answered = loads.clone().rated(2, "m", seen(10.0));
-    let d = decide(&r, &f, &completion(), &answered, 1_000_000);
+    let d = at(&r, &f, &answered);
     assert_eq!(d.winner().unwrap().node_id, "known");
     // With nothing observed anywhere there is no peer to borrow from: the priors
     // (5 GB / 100 GB/s = 20 tokens/s).
     let none = TableLoads::default();
-    let d = decide(&r, &f, &completion(), &none, 1_000_000);
+    let d = at(&r, &f, &none);
     let Verdict::Predicted { prediction } = d.table[0].verdict else {
         panic!("known predicted")
     };
@@ -318,7 +305,7 @@ fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
     let busy = TableLoads::default()
         .with(0, "a", queue(1, 0))
         .with(0, "b", queue(0, 1));
-    let d = decide(&r, &f, &completion(), &busy, 1_000_000);
+    let d = at(&r, &f, &busy);
     assert!(d.winner().is_none());
     assert!(matches!(
         d.table[0].verdict,

@@ -128,6 +128,19 @@ pub async fn admin_json(gw: &Gateway, path: &str) -> serde_json::Value {
         .expect("admin JSON")
 }
 
+/// POST `body` to an admin explain path (`/fleet/explain` or `/fleet/explain/<api path>`).
+pub async fn explain(gw: &Gateway, path: &str, body: &serde_json::Value) -> serde_json::Value {
+    client()
+        .post(gw.admin_url(path))
+        .json(body)
+        .send()
+        .await
+        .expect("explain request")
+        .json()
+        .await
+        .expect("explain JSON")
+}
+
 /// Poll `check` until it returns true, failing with `what` after 10 s. For state that other
 /// threads change (queues, polls): a readiness check, not a sleep.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
