@@ -5,7 +5,9 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-const QUIET: &str = "health:\n  poll_interval_ms: 600000\n";
+/// These tests pin spec 000's point system end to end (`routing.mode: spec`; the default is
+/// completion mode, tested in `prefix_affinity.rs` and `routing::completion_tests`).
+const QUIET: &str = "health:\n  poll_interval_ms: 600000\nrouting:\n  mode: spec\n";
 
 fn spec(seats: u32, memory_gb: u32, models: &str) -> String {
     format!("seats: {seats}\ntokens_per_sec: 1000\nttft_ms: 1\nmemory_gb: {memory_gb}\nreply_tokens: 4\nmodels:\n{models}")

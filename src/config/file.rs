@@ -209,7 +209,7 @@ pub struct RoutingFile {
     pub affinity_secret: String,
     /// Spec 004 "only warm providers" for every model (per model: `models.require_warm`).
     pub require_warm: bool,
-    /// Stage 2: `spec` (spec 000's points) or `completion` (predicted finish time).
+    /// Stage 2: `completion` (predicted finish time; the default) or `spec` (spec 000's points).
     pub mode: crate::routing::Mode,
     /// Derive an affinity key from the stable prompt prefix when no `X-Fleet-Conversation`.
     pub prefix_affinity: bool,
@@ -224,7 +224,7 @@ impl Default for RoutingFile {
             default_output_reserve: 1024,
             affinity_secret: DEFAULT_AFFINITY_SECRET.into(),
             require_warm: false,
-            mode: crate::routing::Mode::Spec,
+            mode: crate::routing::Mode::Completion,
             prefix_affinity: true,
             policy: Policy::default(),
         }

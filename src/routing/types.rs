@@ -44,7 +44,9 @@ pub struct RouteRequest {
     pub cached_on: Option<String>,
 }
 
-/// How Stage 2 ranks the survivors of Stage 1 (`routing.mode`).
+/// How Stage 2 ranks the survivors of Stage 1 (`routing.mode`). `Policy::default()` is spec
+/// 000's policy, so `Spec` is the type's default; the config's `routing.mode` defaults to
+/// `Completion`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {

@@ -439,6 +439,8 @@ impl ObservedFleet {
                 "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:0\n  threads: 2\n",
                 "  admin_token: {token}\n",
                 "{quiet}",
+                // Spec mode: the queue, pre-warm and rebalance counts below follow its placement.
+                "routing:\n  mode: spec\n",
                 "breaker:\n  failure_threshold: {threshold}\n  cooldown_s: 600\n",
                 "queue:\n  auto_pull: true\n  max_wait_s: {max_wait}\n",
                 "  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n",
