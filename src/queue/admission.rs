@@ -44,6 +44,13 @@ pub fn wait_limit_ms(q: &QueueState, limits: &AdmissionFile) -> f64 {
     }
 }
 
+/// The predicted wait in service times, `(ahead + 1) / seats`: known without any history, so
+/// the service-time ratio bounds a queue from its first request on (a burst that arrives
+/// before the first response would otherwise be admitted whole).
+pub fn wait_in_services(q: &QueueState) -> f64 {
+    f64::from(q.ahead + 1) / f64::from(q.seats.max(1))
+}
+
 fn secs(ms: f64) -> u32 {
     let s = (ms / 1000.0).ceil();
     if s.is_finite() {
@@ -68,6 +75,20 @@ pub fn admit(q: &QueueState, limits: &AdmissionFile) -> Result<Option<f64>, Refu
                 q.ahead, limits.max_queue
             ),
             retry_after_s: drain_ms_per_request.map_or(1, |d| secs(over * d)),
+        });
+    }
+    let ratio = limits.max_wait_service_ratio;
+    if ratio > 0.0 && wait_in_services(q) > ratio {
+        // Admitted again once enough seats free up: the excess over the ratio, in requests.
+        let over = f64::from(q.ahead + 1) - ratio * f64::from(q.seats.max(1));
+        return Err(Refusal {
+            message: format!(
+                "predicted wait {:.1} service times ({} waiting, {} seats) exceeds the limit of {ratio}",
+                wait_in_services(q),
+                q.ahead,
+                q.seats,
+            ),
+            retry_after_s: drain_ms_per_request.map_or(1, |d| secs(over.ceil() * d)),
         });
     }
     let predicted = predicted_wait_ms(q);
@@ -142,8 +163,21 @@ mod tests {
     }
 
     #[test]
+    fn ratio_bounds_wait_without_history() {
+        // 2 seats, ratio 1: one request may wait (ahead 0 -> 0.5, ahead 1 -> 1 service).
+        let l = limits(100, 60_000, 1.0);
+        assert_eq!(admit(&q(1, 2, None), &l), Ok(None));
+        let r = admit(&q(2, 2, None), &l).unwrap_err();
+        assert_eq!(r.retry_after_s, 1);
+        assert!(r.message.contains("1.5 service times"), "{}", r.message);
+        // With history the Retry-After is the excess at the drain rate: 3 over at 2 per s.
+        let r = admit(&q(4, 2, Some(1000.0)), &l).unwrap_err();
+        assert_eq!(r.retry_after_s, 2);
+    }
+
+    #[test]
     fn count_bound_applies_without_history() {
-        let l = limits(4, 60_000, 1.0);
+        let l = limits(4, 60_000, 0.0);
         assert_eq!(admit(&q(3, 1, None), &l), Ok(None));
         let r = admit(&q(4, 1, None), &l).unwrap_err();
         assert_eq!(r.retry_after_s, 1);
