@@ -6,6 +6,12 @@
 
 mod common;
 
+// The allocator the `fleetgate` binary ships with (`src/main.rs`), so RSS over time is the
+// gateway's as deployed, not glibc malloc's arena growth.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
