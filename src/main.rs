@@ -253,9 +253,14 @@ fn explain(config: &Path, request: &Path, path: Option<&str>, json: bool) -> Exi
         }
     };
     match fleetgate::admin::explain::explain_offline(config, path, &body, json) {
+        // Exit 1 when no node could take the request (the report says why).
         Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
+            print!("{}", out.text);
+            if out.routed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(e) => {
             eprintln!("fleetgate explain: {e}");

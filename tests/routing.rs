@@ -290,6 +290,11 @@ fn explain_shows_every_node_and_sends_nothing() {
         let row = |n: &str| table.iter().find(|r| r["node"] == n).unwrap().clone();
         assert_eq!(row("ex-a")["verdict"], "eliminated");
         assert_eq!(row("ex-a")["reason"], "context");
+        // The window and what the request needs there: ~7500 prompt tokens + 1024 reserved.
+        assert_eq!(row("ex-a")["context"]["window"], 4096);
+        let needed = row("ex-a")["context"]["needed_tokens"].as_u64().unwrap();
+        assert!((8_000..10_000).contains(&needed), "{needed}");
+        assert!(row("ex-b").get("context").is_none(), "only on context eliminations");
         assert_eq!(row("ex-c")["reason"], "model_absent");
         assert_eq!(row("ex-b")["verdict"], "scored", "{v:#}");
         assert!(row("ex-b")["signals"]["warmth"].as_f64().unwrap() > 0.0);
@@ -357,4 +362,46 @@ fn replicas_agree_on_conversation_affinity_without_shared_state() {
             );
         }
     });
+}
+
+/// `fleetgate explain --config`: the context row names the window and the tokens needed, a
+/// node whose models only a live poll can tell is called out (not silently `model_absent`),
+/// and the exit status says whether any node could take the request.
+#[test]
+fn offline_explain_names_windows_unknown_models_and_exits_by_outcome() {
+    let dir = std::env::temp_dir().join(format!("fleetgate-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("fleet.yaml");
+    std::fs::write(
+        &config,
+        "fleet:\n  nodes:\n    - id: lc\n      url: http://127.0.0.1:9\n      backend: llamacpp\n    - id: small\n      url: http://127.0.0.1:10\n      backend: ollama\n      models:\n        - { name: m:7b, size_gb: 5, context: 2048 }\n",
+    )
+    .unwrap();
+    let run = |words: usize| {
+        let req = dir.join(format!("req-{words}.json"));
+        let body = json!({"model": "m:7b", "max_tokens": 16, "messages": [{"role": "user", "content": "word ".repeat(words)}]});
+        std::fs::write(&req, body.to_string()).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetgate"))
+            .args(["explain", "--config"])
+            .arg(&config)
+            .arg("--request")
+            .arg(&req)
+            .output()
+            .expect("run fleetgate explain");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, text) = run(4_000);
+    assert_eq!(code, Some(1), "no node fits: {text}");
+    assert!(
+        text.contains("out: context (window 2048, needs ~"),
+        "{text}"
+    );
+    assert!(text.contains("the models of lc are unknown"), "{text}");
+    let (code, text) = run(10);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("winner: small"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

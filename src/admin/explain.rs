@@ -76,11 +76,7 @@ impl<'a> Report<'a> {
             self.max_output_tokens,
             self.required_tags
         );
-        let predicted = self
-            .table
-            .iter()
-            .any(|r| matches!(r.verdict, Verdict::Predicted { .. }));
-        if predicted {
+        if self.mode == routing::Mode::Completion {
             out.push_str(&completion_header());
         } else {
             out.push_str(&format!(
@@ -102,9 +98,22 @@ impl<'a> Report<'a> {
         }
         for row in &self.table {
             match row.verdict {
-                Verdict::Eliminated { reason } => {
-                    out.push_str(&format!("{:<16} {:<22} out: {}\n", row.node, row.model, reason.as_str()))
-                }
+                Verdict::Eliminated { reason } => match row.context {
+                    Some(c) => out.push_str(&format!(
+                        "{:<16} {:<22} out: {} (window {}, needs ~{} tokens)\n",
+                        row.node,
+                        row.model,
+                        reason.as_str(),
+                        c.window,
+                        c.needed_tokens
+                    )),
+                    None => out.push_str(&format!(
+                        "{:<16} {:<22} out: {}\n",
+                        row.node,
+                        row.model,
+                        reason.as_str()
+                    )),
+                },
                 Verdict::Scored { signals: s, total } => out.push_str(&format!(
                     "{:<16} {:<22} {:>7.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>5.1} {:>6.1} {:>6.1} {:>5.1} {:>5.2}\n",
                     row.node,
@@ -276,21 +285,42 @@ fn respond(fleet: &Fleet, path: &str, headers: &HeaderMap, body: &[u8]) -> Respo
 
 /// `fleetgate explain`: the decision for `body` on the fleet a config describes (static facts:
 /// the `models:` and `sim:` blocks, no load), as a table or JSON.
+/// What `explain_offline` printed, and whether some node can take the request.
+pub struct Offline {
+    pub text: String,
+    pub routed: bool,
+}
+
 pub fn explain_offline(
     config: crate::config::Config,
     path: Option<&str>,
     body: &[u8],
     json: bool,
-) -> Result<String, String> {
+) -> Result<Offline, String> {
+    // Nodes whose models only a live poll can tell (no `models:` list, not simulated).
+    let unknown: Vec<String> = config
+        .nodes
+        .iter()
+        .filter(|n| n.models.is_empty() && n.sim.is_none())
+        .map(|n| n.id.clone())
+        .collect();
     let fleet = Fleet::new(Arc::new(config));
     let path = path.unwrap_or_else(|| default_path(body));
     let h = RequestHeader::build("POST", path.as_bytes(), None).map_err(|e| e.to_string())?;
     let (ep, req, decision, view) = decide_for(&fleet, path, &h, body)?;
     let mode = fleet.config().routing.policy.mode;
     let report = Report::new(ep, &req, &decision, &view, mode);
-    if json {
-        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())
+    let routed = decision.winner().is_some();
+    let mut text = if json {
+        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
     } else {
-        Ok(report.render())
+        report.render()
+    };
+    if !json && !unknown.is_empty() {
+        text += &format!(
+            "note: offline, the models of {} are unknown (no `models:` list; its backend reports them when polled): `model_absent` there says nothing of the live node; ask the running gateway's POST /fleet/explain\n",
+            unknown.join(", ")
+        );
     }
+    Ok(Offline { text, routed })
 }

@@ -354,6 +354,17 @@ pub struct ExplainRow<'a> {
     pub model: &'a str,
     #[serde(flatten)]
     pub verdict: &'a Verdict,
+    /// With a `context` elimination: the largest window the node gives the model and the
+    /// tokens the request needs there (prompt estimate + output + the node's overhead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextNeed>,
+}
+
+/// Why a window did not fit: what the node has and what the request needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ContextNeed {
+    pub window: u32,
+    pub needed_tokens: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -424,10 +435,22 @@ impl Decision {
         self.table
             .iter()
             .filter_map(|row| {
+                let node = fleet.nodes.get(row.node)?;
+                let model = req.models.get(row.model)?.as_str();
+                let context = match row.verdict {
+                    Verdict::Eliminated {
+                        reason: Reason::Context,
+                    } => node.model(model).map(|m| ContextNeed {
+                        window: m.max_context,
+                        needed_tokens: super::eliminate::needed_tokens(req, node),
+                    }),
+                    _ => None,
+                };
                 Some(ExplainRow {
-                    node: fleet.nodes.get(row.node)?.id.as_str(),
-                    model: req.models.get(row.model)?.as_str(),
+                    node: node.id.as_str(),
+                    model,
                     verdict: &row.verdict,
+                    context,
                 })
             })
             .collect()
