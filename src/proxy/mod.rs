@@ -246,7 +246,13 @@ impl ProxyHttp for Gateway {
         resp.insert_header(REQUESTED_MODEL_HEADER, d.requested_model.as_str())?;
         resp.insert_header(FALLBACK_HEADER, if c.fallback { "true" } else { "false" })?;
         resp.insert_header(RETRIES_HEADER, retries.to_string())?;
-        resp.insert_header(SCORE_HEADER, format!("{:.1}", c.score))?;
+        // Spec mode: points to a tenth; completion mode: minus the predicted seconds, to the ms
+        // (`+ 0.0` turns a -0.0 into 0.0).
+        let score = match c.predicted_s {
+            None => format!("{:.1}", c.score + 0.0),
+            Some(_) => format!("{:.3}", c.score + 0.0),
+        };
+        resp.insert_header(SCORE_HEADER, score)?;
         resp.insert_header(QUEUE_WAIT_HEADER, d.queue_wait.as_millis().to_string())?;
         if let Some(kind) = affinity_label(d.affinity) {
             resp.insert_header(AFFINITY_HEADER, kind)?;
