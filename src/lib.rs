@@ -7,6 +7,7 @@ pub mod clients;
 pub mod config;
 pub mod fleet;
 pub mod init;
+pub mod logging;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

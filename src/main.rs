@@ -88,7 +88,7 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    fleetgate::logging::init();
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run { upgrade: false }) {
         Command::Run { upgrade } => run(&cli.config, upgrade),
