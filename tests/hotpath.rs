@@ -188,12 +188,49 @@ fn upstream_connections_are_reused() {
             let (status, body) = send(&c, &gw, i % 2 == 1).await;
             assert_eq!(status, 200, "request {i}: {body}");
         }
-        // One at a time: one connection should do it all; a few are tolerated (Pingora's pool
-        // race), 40 % (one connect per request or so) is the regression this catches.
+        // One at a time: one connection does it all. Pingora's pool race (the idle task still
+        // holding its `Arc` when the next request takes the stream; patched in
+        // `vendor/pingora-core`) cost a new connection now and then, 40 % at worst.
         let serial = ctl.accepts.load(Ordering::SeqCst) - before;
         assert!(
-            serial <= 6,
+            serial <= 1,
             "{serial} new upstream connections for 300 requests one at a time"
+        );
+    });
+}
+
+/// Eight clients at once, 1600 requests: the gateway needs about eight upstream connections
+/// and keeps them (a pool that lost its idle connections would open one per request or so).
+/// Pingora's pool race itself (`vendor/README.md`) needs release-build load to show (51 times
+/// in ~300k requests): the side-by-side bench counts it in the gateway's log.
+#[test]
+fn upstream_connections_are_reused_under_concurrency() {
+    let rt = runtime();
+    let ctl = Arc::new(NodeCtl::default());
+    let url = start_node(&rt, ctl.clone());
+    let gw = gateway(&url);
+    let gw = Arc::new(gw);
+    rt.block_on(async {
+        let c = client();
+        let before = ctl.accepts.load(Ordering::SeqCst);
+        let tasks: Vec<_> = (0..8)
+            .map(|w| {
+                let (c, gw) = (c.clone(), gw.clone());
+                tokio::spawn(async move {
+                    for i in 0..200 {
+                        let (status, body) = send(&c, &gw, (i + w) % 3 == 0).await;
+                        assert_eq!(status, 200, "client {w} request {i}: {body}");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("client task");
+        }
+        let opened = ctl.accepts.load(Ordering::SeqCst) - before;
+        assert!(
+            opened <= 10,
+            "{opened} new upstream connections for 1600 requests from 8 clients"
         );
     });
 }

@@ -272,10 +272,11 @@ fn main() {
         println!("\nfleetgate: {}", g.name);
         report(&scenarios, &samples, 2 + gi);
         println!(
-            "fleetgate ({}) log: {} x 'failed to acquire reusable stream', {} ERROR lines",
+            "fleetgate ({}) log: {} x 'failed to acquire reusable stream', {} ERROR lines, {} lines of pingora_core::connectors left out by the log rate limit",
             g.name,
             g.log_count("failed to acquire reusable stream"),
             g.log_count("ERROR"),
+            g.log_dropped("pingora_core::connectors"),
         );
     }
     println!("load after: {}", uptime());

@@ -97,6 +97,21 @@ impl Proxy {
             .unwrap_or(0)
     }
 
+    /// Lines of `target` the gateway's log rate limit left out (it says how many, per window).
+    pub fn log_dropped(&self, target: &str) -> u64 {
+        let marker = format!(" more lines like these from {target} ");
+        std::fs::read_to_string(&self.log)
+            .map(|s| {
+                s.lines()
+                    .filter_map(|l| {
+                        let at = l.find(&marker)?;
+                        l[..at].rsplit(' ').next()?.parse::<u64>().ok()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
     /// nginx with `workers` worker processes, keep-alive upstream, no buffering of responses.
     pub fn nginx(dir: &Path, port: u16, node_port: u16, workers: usize) -> Proxy {
         let conf = dir.join("nginx.conf");
