@@ -58,11 +58,17 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
     }
     // Non-JSON node errors are held back for `reshaped_error`; HTTP/1.0 gets no chunking.
     let mut frame = framing::client_filter(d.clone(), http10);
+    // Whole replies are held; so is a stream's 400/413 answer (small), which may be the node's
+    // context overflow: a routing miss to re-place, not the client's error.
+    let mut hold = !stream;
     let filter = |t: HttpTask| -> Result<Option<HttpTask>> {
         let Some(t) = frame(t)? else {
             return Ok(None);
         };
-        if stream {
+        if let HttpTask::Header(h, _) = &t {
+            hold |= matches!(h.status.as_u16(), 400 | 413);
+        }
+        if !hold {
             return Ok(Some(t));
         }
         match t {
@@ -111,10 +117,23 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
             note(d, "client closed the connection".into());
             Ok(Ended::Answered)
         }
-        Piped::Done(Ok(()), _) if stream => Ok(Ended::Answered),
+        Piped::Done(Ok(()), _) if stream && held.is_empty() => Ok(Ended::Answered),
         Piped::Done(Ok(()), _) => {
             if d.state.lock().upstream_error || !complete(&held) {
                 note(d, "the node's reply ended before it was complete".into());
+                return Ok(Ended::Unsent);
+            }
+            if let Some(o) = overflowed(d) {
+                note(
+                    d,
+                    format!(
+                        "node {} answered a context overflow (prompt {} tokens, window {})",
+                        d.choice().node_id,
+                        o.prompt_tokens.map_or("?".into(), |n| n.to_string()),
+                        o.window.map_or("?".into(), |n| n.to_string()),
+                    ),
+                );
+                d.state.lock().overflow = Some(o);
                 return Ok(Ended::Unsent);
             }
             session.write_response_tasks(held).await?;
@@ -122,7 +141,7 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
         }
         Piped::Done(Err(e), leftovers) => {
             note(d, e.to_string());
-            if !stream {
+            if !stream || !held.is_empty() {
                 return Ok(Ended::Unsent);
             }
             // The failure can overtake response parts the node did send: forward those first.
@@ -140,6 +159,15 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
             end_stream_if_begun(session, d).await
         }
     }
+}
+
+/// The node's held answer was a context overflow (400/413 in one of the wordings servers use).
+fn overflowed(d: &Dispatch) -> Option<super::overflow::Overflow> {
+    let st = d.state.lock();
+    if !matches!(st.upstream_status, Some(400 | 413)) {
+        return None;
+    }
+    super::overflow::parse(st.observer.head())
 }
 
 /// A held response is complete when its last task ends it.
@@ -213,6 +241,36 @@ pub async fn answer_unsent(session: &mut Session, d: &Dispatch, also: Option<&st
         node,
     )
     .await
+}
+
+/// Answer a request every node it could go to answered with a context overflow: the client's
+/// own `context_length_exceeded`, with the count the node gave.
+pub async fn answer_overflow(
+    session: &mut Session,
+    d: &Dispatch,
+    o: super::overflow::Overflow,
+    also: Option<&str>,
+) -> Result<()> {
+    let code = ErrorCode::ContextLengthExceeded;
+    let node = d.choice().node_id.clone();
+    let counted = o
+        .prompt_tokens
+        .map_or(String::new(), |n| format!(" counted {n} prompt tokens and"));
+    let window = o
+        .window
+        .map_or(String::new(), |n| format!(" of {n} tokens"));
+    let also = also.map(|a| format!("; {a}")).unwrap_or_default();
+    let msg = format!(
+        "the prompt does not fit: node {node}{counted} refused it for its window{window}{also}"
+    );
+    let body = protocol::error_body(d.endpoint.family(), code, &msg);
+    {
+        let mut st = d.state.lock();
+        st.status = Some(code.status());
+        st.code = Some(code);
+        st.body_bytes = body.len();
+    }
+    respond::json_from(session, code.status(), body, None, Some(node.as_str())).await
 }
 
 /// Write the response header and body parts still in the pipe after a subrequest failed.

@@ -84,6 +84,9 @@ pub struct Attempts {
     /// The node answered an error that is not JSON: its text, kept to be re-sent in the
     /// client's error shape (`framing`).
     pub reshape: Option<String>,
+    /// The node answered that the prompt overflows its window (held, not sent: a routing
+    /// miss the request is re-placed for, `attempt::run`).
+    pub overflow: Option<super::overflow::Overflow>,
 }
 
 impl Dispatch {

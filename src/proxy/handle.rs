@@ -134,10 +134,15 @@ pub async fn client_request(
             st.retries
         };
         seat_freed(fleet);
+        // The node said the prompt overflows its window: re-placed with the count it gave.
+        let overflow = d.state.lock().overflow;
         let mut also = None;
         if spent < d.max_retries {
             let mut again = route_req.clone();
             again.tried = d.tried_nodes();
+            if let Some(n) = overflow.and_then(|o| o.prompt_tokens) {
+                again.prompt_tokens = again.prompt_tokens.max(n);
+            }
             let terms = place::Terms {
                 arrived,
                 may_hold: false,
@@ -159,7 +164,10 @@ pub async fn client_request(
                 Err(Unplaced::Refused(r)) => also = Some(format!("no other node: {}", r.message)),
             }
         }
-        let result = attempt::answer_unsent(session, &d, also.as_deref()).await;
+        let result = match overflow {
+            Some(o) => attempt::answer_overflow(session, &d, o, also.as_deref()).await,
+            None => attempt::answer_unsent(session, &d, also.as_deref()).await,
+        };
         record(&d, log, &arrival);
         super::outcome::recent(fleet, &d);
         tenancy::record_dispatch(&pass, &d, &req);
