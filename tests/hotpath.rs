@@ -272,3 +272,29 @@ fn a_batching_server_is_not_held_to_one_seat() {
         assert!(n["seats"].as_u64().unwrap() >= 32, "{n:#}");
     });
 }
+
+/// #15 item 7: a server that advertises keep-alive but closes after each streamed response
+/// (llama.cpp does). The next request on that pooled connection finds it closed before any
+/// response byte: it is sent again on a fresh connection, never answered 502, and the node
+/// serves each request once.
+#[test]
+fn a_pooled_connection_the_server_closed_is_retried_on_a_fresh_one() {
+    let rt = runtime();
+    let ctl = Arc::new(NodeCtl::default());
+    ctl.close_after_stream.store(true, Ordering::SeqCst);
+    let url = start_node(&rt, ctl.clone());
+    let gw = gateway(&url);
+    rt.block_on(async {
+        let c = client();
+        // (The gateway's one-time protocol probes count as requests at this node too.)
+        let before = ctl.chats.load(Ordering::SeqCst);
+        for i in 0..10 {
+            let (status, body) = send(&c, &gw, true).await;
+            assert_eq!(status, 200, "stream {i}: {body}");
+            let (status, body) = send(&c, &gw, false).await;
+            assert_eq!(status, 200, "the request after stream {i}: {body}");
+        }
+        let served = ctl.chats.load(Ordering::SeqCst) - before;
+        assert_eq!(served, 20, "each request served once");
+    });
+}

@@ -79,6 +79,8 @@ pub struct Attempts {
     pub observer: super::observe::StreamObserver,
     /// The error the gateway answered with after the upstream failed.
     pub code: Option<ErrorCode>,
+    /// Attempts repeated because a pooled connection turned out closed by the node.
+    pub stale_retries: u32,
     /// The output budget the gateway clamped the request to (`X-Fleet-Max-Tokens`).
     pub clamped_max_tokens: Option<u32>,
     /// The node answered an error that is not JSON: its text, kept to be re-sent in the

@@ -21,6 +21,7 @@ mod outcome;
 mod overflow;
 mod place;
 mod respond;
+mod stale;
 mod tenancy;
 mod watch;
 mod xlate;
@@ -290,6 +291,34 @@ impl ProxyHttp for Gateway {
             log::debug!("client went away: {e}");
         }
         client
+    }
+
+    /// A pooled connection the node had closed (keep-alive advertised, closed after a stream):
+    /// nothing reached the node, so the same attempt is sent again on a fresh connection
+    /// (`stale.rs`). Other errors: Pingora's rule (retry only what failed on a reused
+    /// connection, and only idempotent, replayable requests).
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let replayable = !session.as_ref().retry_buffer_truncated();
+        let stale = ctx
+            .dispatch
+            .as_ref()
+            .is_some_and(|d| stale::retry(d, &e, client_reused && replayable));
+        if stale {
+            e.set_retry(true);
+        } else if !session.req_header().method.is_idempotent() || !replayable {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
     }
 
     async fn fail_to_proxy(
