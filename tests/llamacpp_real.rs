@@ -294,6 +294,36 @@ fn real_llamacpp_fleet() {
         let report = explain(&gw, "/fleet/explain", &body).await;
         let c = ranked(&report, "sleepy").expect("sleepy ranked");
         assert_eq!(c["cold"], false, "{report:#}");
+        // That wake was a cold load: completion mode learned it as the pair's load time, and
+        // predicts it once sleepy is asleep again (the prior, model size at 2 GB/s, is < 0.1 s).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_sleeping(&sleepy).await {
+            assert!(Instant::now() < deadline, "sleepy never fell asleep again");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let row = loop {
+            let report = explain(&gw, "/fleet/explain", &body).await;
+            let row = report["table"]
+                .as_array()
+                .and_then(|t| t.iter().find(|r| r["node"] == "sleepy"))
+                .cloned()
+                .unwrap_or_default();
+            if row["load_s"].as_f64().unwrap_or(0.0) > 0.0 {
+                break row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sleepy never seen cold again: {report:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let load = row["load_s"].as_f64().unwrap();
+        assert!(row["observed"].as_u64().unwrap_or(0) >= 1, "{row:#}");
+        assert!(
+            (0.2..60.0).contains(&load),
+            "the wake time, learned: {row:#}"
+        );
 
         // 4. Kill a server mid-stream: the client gets a clean error event in its protocol,
         // and the next request is served by a live server.

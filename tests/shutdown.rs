@@ -16,6 +16,7 @@ const SLOW: &str = "seats: 2\n        tokens_per_sec: 5\n        ttft_ms: 1\n   
 struct Gw {
     child: Child,
     addr: SocketAddr,
+    admin: SocketAddr,
     dir: std::path::PathBuf,
 }
 
@@ -57,7 +58,13 @@ fn start_logging(name: &str, grace_s: u64, log: Option<&std::path::Path>) -> Gw 
         assert!(Instant::now() < deadline, "gateway did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Gw { child, addr, dir }
+    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    Gw {
+        child,
+        addr,
+        admin,
+        dir,
+    }
 }
 
 fn sigterm(gw: &Gw) {
@@ -79,6 +86,14 @@ fn exited_within(gw: &mut Gw, limit: Duration) -> Duration {
         assert!(t.elapsed() < limit, "still running after {limit:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The admin listener answers as soon as the proxy port does (it used to refuse connections
+/// for about a second at start, while the first poll ran).
+#[test]
+fn the_admin_listener_is_up_with_the_proxy() {
+    let gw = start("admin-up", 1);
+    TcpStream::connect(gw.admin).expect("the admin listener accepts once the proxy does");
 }
 
 #[test]
