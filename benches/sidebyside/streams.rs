@@ -57,13 +57,13 @@ pub fn run(dir: &Path, node: &Node, n: usize) {
     let port = common::free_port();
     // Seats for all of them: this phase measures memory per open stream, not admission.
     let seats = format!("      capacity: {n}\n      hard_cap: {n}\n");
-    let fg = Proxy::fleetgate(
-        dir,
-        port,
-        &crate::default_yaml(port, node.port, &seats),
-        "streams",
-        None,
+    // And client connections for all of them (the default cap, 4096, refused the rest).
+    let yaml = format!(
+        "clients:\n  max_connections: {}\n{}",
+        n + 64,
+        crate::default_yaml(port, node.port, &seats)
     );
+    let fg = Proxy::fleetgate(dir, port, &yaml, "streams", None);
     let body = crate::chat_body(1, true, HOLD_MODEL);
     let req = Arc::new(
         format!(

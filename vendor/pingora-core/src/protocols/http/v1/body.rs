@@ -28,7 +28,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::utils::BufRef;
 
 // TODO: make this dynamically adjusted
-const BODY_BUFFER_SIZE: usize = 1024 * 64;
+// fleetgate patch: 16 KiB, not 64 KiB: one such buffer per body being read, and an open
+// stream holds two (the client leg and the node leg), so 64 KiB cost ~200 KB per stream.
+const BODY_BUFFER_SIZE: usize = 1024 * 16;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // Trailers: https://datatracker.ietf.org/doc/html/rfc9112#section-7.1.2
