@@ -162,7 +162,7 @@ fn main() {
 /// One markdown row per scenario: mean total per policy, completion / each other policy on
 /// the requests both served, checks.
 fn print_summary(summary: &[(String, Vec<Figures>, Vec<f64>)]) {
-    println!("\nmean total time of the requests that succeeded, medians over runs; c/x: completion's mean over x's on the requests both served (median over runs); done-when: c/x <= 1 for every other policy x, no context-overflow answer, no more failed requests than any other (home-lab: also c/spec <= 0.6)");
+    println!("\nmean total time of the requests that succeeded, medians over runs; c/x: completion's mean over x's on the requests both served (median over runs); done-when: c/x <= 1 for every other policy x, no context-overflow answer, no more failed requests than any other (home-lab*: also c/spec <= 0.6)");
     println!("| scenario | completion | spec-000 | round-robin | least-busy | c/spec | c/rr | c/lb | failed (c/s/rr/lb) | ctx answers (c/s/rr/lb) | done-when |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, med, like) in summary {
@@ -173,7 +173,7 @@ fn print_summary(summary: &[(String, Vec<Figures>, Vec<f64>)]) {
         let mut ok = like.iter().all(|r| *r <= 1.0)
             && med[0].context_errors == 0.0
             && med[0].errors <= fewest_errors;
-        if name == "home-lab" {
+        if name.starts_with("home-lab") {
             ok &= like[0] <= 0.6;
         }
         println!(
