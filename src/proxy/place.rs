@@ -154,6 +154,7 @@ pub async fn place(
     let share = crate::queue::Share {
         tenant: pass.tenant().clone(),
         weight: pass.limits.weight,
+        pinned: req.pin.is_some(),
     };
     // Held while the request waits (node:model queue or holding queue): the tenant's
     // `max_queued` counts it.

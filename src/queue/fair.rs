@@ -9,11 +9,13 @@ use std::sync::Arc;
 
 use super::Waiter;
 
-/// Who a waiting request belongs to, and that tenant's weight (> 0).
+/// Who a waiting request belongs to, and that tenant's weight (> 0); `pinned`: the request
+/// was pinned to this node (`X-Fleet-Pin-Node`), so rebalance never moves it elsewhere.
 #[derive(Debug, Clone)]
 pub struct Share {
     pub tenant: Arc<str>,
     pub weight: f64,
+    pub pinned: bool,
 }
 
 impl Default for Share {
@@ -21,6 +23,7 @@ impl Default for Share {
         Share {
             tenant: Arc::from(crate::config::tenants::DEFAULT_TENANT),
             weight: 1.0,
+            pinned: false,
         }
     }
 }
@@ -60,9 +63,18 @@ impl WaitQueue {
 
     /// The waiter to serve next: smallest tag, oldest first among equals.
     pub fn pop_next(&mut self) -> Option<Waiter> {
+        self.pop_best(|_| true)
+    }
+
+    /// The next waiter that may be moved to another node (rebalance): not a pinned one.
+    pub fn pop_movable(&mut self) -> Option<Waiter> {
+        self.pop_best(|w| !w.pinned)
+    }
+
+    fn pop_best(&mut self, eligible: impl Fn(&Waiter) -> bool) -> Option<Waiter> {
         let mut best: Option<(usize, f64)> = None;
-        for (i, (tag, _)) in self.items.iter().enumerate() {
-            if best.is_none_or(|(_, b)| *tag < b) {
+        for (i, (tag, w)) in self.items.iter().enumerate() {
+            if eligible(w) && best.is_none_or(|(_, b)| *tag < b) {
                 best = Some((i, *tag));
             }
         }
@@ -97,6 +109,7 @@ mod tests {
         Waiter {
             id,
             since: Instant::now(),
+            pinned: false,
             tx,
         }
     }
@@ -105,7 +118,36 @@ mod tests {
         Share {
             tenant: Arc::from(t),
             weight,
+            pinned: false,
         }
+    }
+
+    #[test]
+    fn rebalance_takes_the_next_waiter_that_is_not_pinned() {
+        let mut q = WaitQueue::default();
+        let pinned = Share {
+            pinned: true,
+            ..Share::default()
+        };
+        q.push(
+            Waiter {
+                pinned: true,
+                ..waiter(1)
+            },
+            &pinned,
+        );
+        q.push(waiter(2), &Share::default());
+        assert_eq!(
+            q.pop_movable().map(|w| w.id),
+            Some(2),
+            "the pinned one stays"
+        );
+        assert!(q.pop_movable().is_none());
+        assert_eq!(
+            q.pop_next().map(|w| w.id),
+            Some(1),
+            "its own node still serves it"
+        );
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub fn next_id() -> u64 {
 pub struct Waiter {
     pub id: u64,
     pub since: Instant,
+    /// Pinned to this node: rebalance leaves it where it is.
+    pub pinned: bool,
     tx: oneshot::Sender<Lease>,
 }
 
@@ -136,6 +138,7 @@ pub fn acquire_as(node: usize, node_state: &Arc<NodeState>, model: &str, share: 
         Waiter {
             id,
             since: Instant::now(),
+            pinned: share.pinned,
             tx,
         },
         share,
@@ -194,9 +197,10 @@ pub fn pump(node: usize, node_state: &Arc<NodeState>) {
     }
 }
 
-/// Take the next waiter (fair order) off node:model's queue (rebalance moves it elsewhere).
+/// Take the next waiter (fair order) off node:model's queue that may move (rebalance moves it
+/// elsewhere); pinned waiters stay.
 pub fn take_waiter(counters: &ModelCounters) -> Option<Waiter> {
-    let w = counters.waiters.lock().pop_next()?;
+    let w = counters.waiters.lock().pop_movable()?;
     counters.pending.fetch_sub(1, Ordering::Relaxed);
     Some(w)
 }
