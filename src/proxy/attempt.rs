@@ -204,28 +204,54 @@ async fn end_stream_if_begun(session: &mut Session, d: &Dispatch) -> Result<Ende
     Ok(Ended::Answered)
 }
 
-/// Answer a request that nothing was sent to the client for, after its last attempt.
+/// Answer a request that nothing was sent to the client for, after its last attempt: the
+/// client's own `context_length_exceeded` when the node refused the prompt for its window
+/// (and no other window fits), else why no node served it.
 pub async fn answer_unsent(session: &mut Session, d: &Dispatch, also: Option<&str>) -> Result<()> {
-    let (unreachable, err) = {
+    let (unreachable, overflow, err) = {
         let st = d.state.lock();
         (
             st.unreachable,
+            st.overflow,
             st.error.clone().unwrap_or_else(|| "upstream failed".into()),
         )
     };
+    let node = &d.choice().node_id;
     let also = also.map(|a| format!("; {a}")).unwrap_or_default();
-    let (code, msg) = if unreachable {
-        (
+    let (code, msg) = match overflow {
+        Some(o) => {
+            let counted = o
+                .prompt_tokens
+                .map_or(String::new(), |n| format!(" counted {n} prompt tokens and"));
+            let window = o
+                .window
+                .map_or(String::new(), |n| format!(" of {n} tokens"));
+            (
+                ErrorCode::ContextLengthExceeded,
+                format!("the prompt does not fit: node {node}{counted} refused it for its window{window}{also}"),
+            )
+        }
+        None if unreachable => (
             ErrorCode::NoProviderAvailable,
             format!("no node could be reached: {err}{also}"),
-        )
-    } else {
-        (
+        ),
+        None => (
             ErrorCode::UpstreamError,
-            format!("node {} failed: {err}{also}", d.choice().node_id),
-        )
+            format!("node {node} failed: {err}{also}"),
+        ),
     };
-    let body = protocol::error_body(d.endpoint.family(), code, &msg);
+    answer_error(session, d, code, &msg).await
+}
+
+/// Answer `code` in the client's protocol shape for a dispatched request (nothing of the
+/// node's reply was sent), naming the node in `X-Fleet-Node` and keeping the outcome in `d`.
+pub async fn answer_error(
+    session: &mut Session,
+    d: &Dispatch,
+    code: ErrorCode,
+    msg: &str,
+) -> Result<()> {
+    let body = protocol::error_body(d.endpoint.family(), code, msg);
     {
         let mut st = d.state.lock();
         st.status = Some(code.status());
@@ -241,36 +267,6 @@ pub async fn answer_unsent(session: &mut Session, d: &Dispatch, also: Option<&st
         node,
     )
     .await
-}
-
-/// Answer a request every node it could go to answered with a context overflow: the client's
-/// own `context_length_exceeded`, with the count the node gave.
-pub async fn answer_overflow(
-    session: &mut Session,
-    d: &Dispatch,
-    o: super::overflow::Overflow,
-    also: Option<&str>,
-) -> Result<()> {
-    let code = ErrorCode::ContextLengthExceeded;
-    let node = d.choice().node_id.clone();
-    let counted = o
-        .prompt_tokens
-        .map_or(String::new(), |n| format!(" counted {n} prompt tokens and"));
-    let window = o
-        .window
-        .map_or(String::new(), |n| format!(" of {n} tokens"));
-    let also = also.map(|a| format!("; {a}")).unwrap_or_default();
-    let msg = format!(
-        "the prompt does not fit: node {node}{counted} refused it for its window{window}{also}"
-    );
-    let body = protocol::error_body(d.endpoint.family(), code, &msg);
-    {
-        let mut st = d.state.lock();
-        st.status = Some(code.status());
-        st.code = Some(code);
-        st.body_bytes = body.len();
-    }
-    respond::json_from(session, code.status(), body, None, Some(node.as_str())).await
 }
 
 /// Write the response header and body parts still in the pipe after a subrequest failed.

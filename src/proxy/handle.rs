@@ -164,10 +164,7 @@ pub async fn client_request(
                 Err(Unplaced::Refused(r)) => also = Some(format!("no other node: {}", r.message)),
             }
         }
-        let result = match overflow {
-            Some(o) => attempt::answer_overflow(session, &d, o, also.as_deref()).await,
-            None => attempt::answer_unsent(session, &d, also.as_deref()).await,
-        };
+        let result = attempt::answer_unsent(session, &d, also.as_deref()).await;
         record(&d, log, &arrival);
         super::outcome::recent(fleet, &d);
         tenancy::record_dispatch(&pass, &d, &req);
@@ -264,17 +261,7 @@ async fn cut_at_shutdown(session: &mut Session, d: &Arc<Dispatch>) -> Result<()>
         }
         return Ok(());
     }
-    let body = protocol::error_body(d.endpoint.family(), code, msg);
-    d.state.lock().status = Some(code.status());
-    let node = Some(d.choice().node_id.as_str());
-    respond::json_from(
-        session,
-        code.status(),
-        body,
-        respond::retry_after(code),
-        node,
-    )
-    .await
+    attempt::answer_error(session, d, code, msg).await
 }
 
 /// Answer with an error the gateway produced before any node was involved.
