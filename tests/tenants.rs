@@ -44,6 +44,18 @@ fn keyed_gateway(
     (a, gw)
 }
 
+/// The status of a chat sent with `authorization: <auth>`.
+async fn chat_status(gw: &Gateway, auth: &str) -> u16 {
+    post(
+        gw,
+        "/v1/chat/completions",
+        &[("authorization", auth)],
+        &chat(),
+    )
+    .await
+    .0
+}
+
 fn temp_path(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("fleetgate-tenants-{}-{name}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
@@ -327,21 +339,9 @@ fn the_key_file_is_re_read_on_reload() {
     rt.block_on(async {
         let a_key = format!("Bearer {KEY_A}");
         let b_key = format!("Bearer {KEY_B}");
-        let (s, _, _) = post(
-            &gw,
-            "/v1/chat/completions",
-            &[("authorization", &a_key)],
-            &chat(),
-        )
-        .await;
+        let s = chat_status(&gw, &a_key).await;
         assert_eq!(s, 200);
-        let (s, _, _) = post(
-            &gw,
-            "/v1/chat/completions",
-            &[("authorization", &b_key)],
-            &chat(),
-        )
-        .await;
+        let s = chat_status(&gw, &b_key).await;
         assert_eq!(s, 401);
         // Rotate: team-a's key is revoked, team-b's added.
         std::fs::write(&keys, format!("team-b {KEY_B}\n")).unwrap();
@@ -352,21 +352,9 @@ fn the_key_file_is_re_read_on_reload() {
             .await
             .unwrap();
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-        let (s, _, _) = post(
-            &gw,
-            "/v1/chat/completions",
-            &[("authorization", &a_key)],
-            &chat(),
-        )
-        .await;
+        let s = chat_status(&gw, &a_key).await;
         assert_eq!(s, 401, "a revoked key is refused after reload");
-        let (s, _, _) = post(
-            &gw,
-            "/v1/chat/completions",
-            &[("authorization", &b_key)],
-            &chat(),
-        )
-        .await;
+        let s = chat_status(&gw, &b_key).await;
         assert_eq!(s, 200);
     });
     let _ = std::fs::remove_dir_all(&dir);
