@@ -7,8 +7,8 @@ use super::eliminate;
 use super::policy::Policy;
 use super::signals::{self, Pair};
 use super::types::{
-    AffinityKind, Choice, Decision, FleetView, Loads, Mode, NoRoute, Reason, RouteRequest, Row,
-    Tier, Verdict,
+    AffinityKind, Choice, Decision, FleetView, Loads, Mode, NoRoute, Rates, Reason, RouteRequest,
+    Row, Tier, Verdict,
 };
 
 /// A surviving pair, kept small: the explain table holds the signals.
@@ -87,21 +87,25 @@ fn decide_once(
     let mut pinned_spare = vec![false; n_models];
     let mut provisional_in_use = 0u32;
     let mut cached_on: Option<usize> = None;
-    // Completion mode: per candidate model, the best rates observed anywhere in the fleet.
-    let peers: Vec<Option<completion::Peers>> = match policy.mode {
-        Mode::Spec => vec![None; n_models],
-        Mode::Completion => req
-            .models
+    // Completion mode: the learned rates of every (node, candidate model) pair, read once
+    // (table order), and per model what the fleet observed of it (the untried pairs' prior).
+    let rates: Vec<Rates> = match policy.mode {
+        Mode::Spec => Vec::new(),
+        Mode::Completion => fleet
+            .nodes
             .iter()
-            .map(|name| {
-                completion::peer_rates(
-                    (0..fleet.nodes.len())
-                        .filter(|&idx| fleet.nodes[idx].model(name).is_some())
-                        .map(|idx| loads.rates(idx, name)),
-                )
+            .enumerate()
+            .flat_map(|(idx, node)| {
+                req.models.iter().map(move |name| match node.model(name) {
+                    Some(_) => loads.rates(idx, name),
+                    None => Rates::default(),
+                })
             })
             .collect(),
     };
+    let peers: Vec<Option<completion::Peers>> = (0..n_models)
+        .map(|pos| completion::peer_rates(rates.iter().skip(pos).step_by(n_models.max(1)).copied()))
+        .collect();
 
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
@@ -167,7 +171,7 @@ fn decide_once(
                                 model: m,
                                 load,
                                 node_in_flight,
-                                rates: loads.rates(idx, name),
+                                rates: rates[idx * n_models + pos],
                                 peer: peers[pos],
                                 needed_tokens: needed,
                                 now_ms,
@@ -206,6 +210,7 @@ fn decide_once(
         fleet,
         policy,
         loads,
+        rates: &rates,
         peers: &peers,
         now_ms,
     };
@@ -300,6 +305,8 @@ struct Post<'a> {
     fleet: &'a FleetView,
     policy: &'a Policy,
     loads: &'a dyn Loads,
+    /// Completion mode: learned rates per (node, model), in table order.
+    rates: &'a [Rates],
     peers: &'a [Option<completion::Peers>],
     now_ms: u64,
 }
@@ -343,7 +350,7 @@ fn add_cached_prefix(
             model,
             load: post.loads.model(idx, name),
             node_in_flight: post.loads.node_in_flight(idx),
-            rates: post.loads.rates(idx, name),
+            rates: post.rates[idx * n_models + pos],
             peer: post.peers[pos],
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
