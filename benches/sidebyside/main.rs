@@ -10,7 +10,9 @@
 //! `cargo bench --bench sidebyside` (installs nginx-light and wrk when missing, through
 //! `scripts/bootstrap.sh --bench`). `FLEETGATE_BENCH_SCALE=2` doubles rounds and run time;
 //! `FLEETGATE_BENCH_STREAMS=N` changes the open-stream count (0 skips that phase);
-//! `FLEETGATE_BENCH_CONNS=1,32` runs only those concurrencies; `FLEETGATE_BENCH_EXTRA=
+//! `FLEETGATE_BENCH_CONNS=1,32` runs only those concurrencies (`none`: only the streams);
+//! `FLEETGATE_BENCH_WRAP="heaptrack -o /tmp/fg"` runs each fleetgate under that command;
+//! `FLEETGATE_BENCH_EXTRA=
 //! name=/path/to/fleetgate,...` adds other fleetgate binaries (an older build, another
 //! allocator) to the same interleaved run, each with its own table.
 
@@ -211,11 +213,15 @@ fn main() {
     ];
     targets.extend(gateways.iter().map(|g| (g.name.as_str(), g.port, Some(g))));
     let nt = targets.len();
-    let conns_list: Vec<usize> = std::env::var("FLEETGATE_BENCH_CONNS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
-        .filter(|v: &Vec<usize>| !v.is_empty())
-        .unwrap_or_else(|| vec![1, 32, 256]);
+    // FLEETGATE_BENCH_CONNS=none: only the open-streams phase.
+    let conns_list: Vec<usize> = match std::env::var("FLEETGATE_BENCH_CONNS") {
+        Ok(v) if v.trim() == "none" => Vec::new(),
+        v => v
+            .ok()
+            .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+            .filter(|v: &Vec<usize>| !v.is_empty())
+            .unwrap_or_else(|| vec![1, 32, 256]),
+    };
     let mut scenarios = Vec::new();
     for conns in conns_list {
         for stream in [false, true] {
@@ -241,7 +247,7 @@ fn main() {
         scenarios.len(),
         uptime()
     );
-    for &(_, port, proxy) in &targets {
+    for &(_, port, proxy) in targets.iter().take_while(|_| !scripts.is_empty()) {
         let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
         let warm = Scenario {
             conns: 32,

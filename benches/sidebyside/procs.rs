@@ -161,7 +161,19 @@ impl Proxy {
         std::fs::write(&conf, yaml).expect("write fleetgate config");
         let log = dir.join(format!("fleetgate-{tag}.log"));
         let bin = bin.unwrap_or(Path::new(env!("CARGO_BIN_EXE_fleetgate")));
-        let child = Command::new(bin)
+        // FLEETGATE_BENCH_WRAP: a command the gateway runs under (a profiler, a heap
+        // tracer), given the binary and its arguments.
+        let wrap = std::env::var("FLEETGATE_BENCH_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.args(words).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .arg("run")
             .arg("--config")
             .arg(&conf)
