@@ -52,10 +52,11 @@ impl AccessLog {
         self.tx.is_some()
     }
 
-    /// Hand one entry to the writer; never blocks.
-    pub fn write(&self, entry: &Entry) {
+    /// Hand one entry to the writer; never blocks. The entry is only built when the log is
+    /// on (it is off by default, and the timestamp alone was ~2 % of a request's CPU).
+    pub fn write<'a>(&self, entry: impl FnOnce() -> Entry<'a>) {
         let Some(tx) = &self.tx else { return };
-        let Ok(mut line) = serde_json::to_vec(entry) else {
+        let Ok(mut line) = serde_json::to_vec(&entry()) else {
             return;
         };
         line.push(b'\n');

@@ -79,7 +79,7 @@ pub async fn client_request(
             tenancy::record_local(&pass, code, &req);
             let body = protocol::error_body(family, code, &r.message);
             record_local(arrival.protocol, code);
-            log.write(&arrival.local(code, body.len()));
+            log.write(|| arrival.local(code, body.len()));
             return respond::json(session, code.status(), body, Some(r.retry_after_s)).await;
         }
         Err(gone) => return place::answer(session, ep, gone).await,
@@ -275,7 +275,7 @@ async fn fail(
 ) -> Result<()> {
     let body = protocol::error_body(family, code, msg);
     record_local(arrival.protocol, code);
-    log.write(&arrival.local(code, body.len()));
+    log.write(|| arrival.local(code, body.len()));
     respond::json(session, code.status(), body, respond::retry_after(code)).await
 }
 
@@ -331,5 +331,5 @@ fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
             .with_label_values(&[d.endpoint.label(), code.as_str()])
             .inc();
     }
-    log.write(&arrival.routed(d, &st, total));
+    log.write(|| arrival.routed(d, &st, total));
 }

@@ -38,7 +38,7 @@ pub async fn authenticate(
             let body = protocol::error_body(family, code, &msg);
             super::handle::record_local(arrival.protocol, code);
             crate::tenant::record_refused(UNAUTHENTICATED, code.status(), code.as_str());
-            log.write(&arrival.local(code, body.len()));
+            log.write(|| arrival.local(code, body.len()));
             session.set_keepalive(None);
             respond::json(session, code.status(), body, None).await?;
             Ok(None)
@@ -68,7 +68,7 @@ pub async fn admit(
             let body = protocol::error_body(family, code, &r.message);
             super::handle::record_local(arrival.protocol, code);
             crate::tenant::record_refused(tenant, code.status(), code.as_str());
-            log.write(&arrival.local(code, body.len()));
+            log.write(|| arrival.local(code, body.len()));
             let retry = u32::try_from(r.retry_after_s).unwrap_or(u32::MAX);
             respond::json_with(session, code.status(), body, Some(retry), &r.headers).await?;
             Ok(None)
