@@ -240,6 +240,11 @@ fn past_max_connections_a_new_connection_is_refused_clearly_and_admin_answers() 
         "clients:\n  max_connections: 3\n{QUIET}{}",
         fleet(&[node("mc-a", &a, "")])
     ));
+    // The start-up readiness probe (`server::spawn` connects once) may still hold a slot.
+    rt.block_on(eventually(
+        "the readiness probe's connection closed",
+        || async { gw.fleet.clients.open() == 0 },
+    ));
     let idle: Vec<TcpStream> = (0..3).map(|_| connect(gw.addr)).collect();
     rt.block_on(eventually("three connections counted", || async {
         gw.fleet.clients.open() == 3

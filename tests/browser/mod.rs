@@ -86,6 +86,19 @@ impl Browser {
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(v) => v,
+            Err(e) => panic!("webdriver {method} {path}: {e}"),
+        }
+    }
+
+    /// One WebDriver command; `Err` carries the driver's error value.
+    async fn try_call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Value> {
         let url = format!("{}{path}", self.base);
         let req = match method {
             "GET" => self.http.get(url),
@@ -95,9 +108,26 @@ impl Browser {
         let r = req.send().await.expect("webdriver request");
         let v: Value = r.json().await.expect("webdriver JSON");
         if v["value"]["error"].is_string() {
-            panic!("webdriver {method} {path}: {}", v["value"]);
+            return Err(v["value"].clone());
         }
-        v["value"].clone()
+        Ok(v["value"].clone())
+    }
+
+    /// Run `action` on the element matching `css`, finding it again when the page re-rendered
+    /// it between the find and the action (WebDriver's "stale element reference").
+    async fn on_element(&self, css: &str, action: &str, body: Option<Value>) {
+        for _ in 0..10 {
+            let id = self.find(css).await;
+            let path = self.at(&format!("/element/{id}/{action}"));
+            match self.try_call("POST", &path, body.clone()).await {
+                Ok(_) => return,
+                Err(e) if e["error"] == "stale element reference" => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("webdriver {action} on {css}: {e}"),
+            }
+        }
+        panic!("webdriver {action} on {css}: the element went stale 10 times");
     }
 
     fn at(&self, rest: &str) -> String {
@@ -145,21 +175,13 @@ impl Browser {
 
     /// Click the element matching `css`, as a user would.
     pub async fn click(&self, css: &str) {
-        let id = self.find(css).await;
-        self.call("POST", &self.at(&format!("/element/{id}/click")), None)
-            .await;
+        self.on_element(css, "click", None).await;
     }
 
     /// Type `text` into the element matching `css`.
     pub async fn type_into(&self, css: &str, text: &str) {
-        let id = self.find(css).await;
-        let body = json!({ "text": text });
-        self.call(
-            "POST",
-            &self.at(&format!("/element/{id}/value")),
-            Some(body),
-        )
-        .await;
+        self.on_element(css, "value", Some(json!({ "text": text })))
+            .await;
     }
 
     /// A PNG screenshot of the viewport, written to `path`.
