@@ -90,7 +90,7 @@ impl FlatLoads {
             .map(|i| Rates {
                 prefill_tps: (i % 4 != 3).then_some(800.0 + i as f64),
                 decode_spt: (i % 4 != 3).then_some(0.02 + (i % 7) as f64 * 0.002),
-                decode_spt_per_stream: 0.003,
+                decode_spt_per_stream: Some(0.003),
                 service_s: (i % 4 != 3).then_some(5.0),
                 output_tokens: Some(300.0),
                 observed: 10,

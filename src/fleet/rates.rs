@@ -92,8 +92,9 @@ impl Line {
         self.at_ms = now_ms;
     }
 
-    /// (a, b) of `y = a + b x`; `origin`: without spread along x, through the origin (else flat).
-    fn fit(&self, min_spread: f64, origin: bool) -> Option<(f64, f64)> {
+    /// (a, b) of `y = a + b x`, and whether the slope was read off observations that spread
+    /// along x; `origin`: without spread, through the origin (else flat, the slope unknown).
+    fn fit(&self, min_spread: f64, origin: bool) -> Option<(f64, f64, bool)> {
         if self.w <= 0.0 {
             return None;
         }
@@ -109,14 +110,14 @@ impl Line {
             let b = cov / var;
             let a = my - b * mx;
             if b >= 0.0 && a >= 0.0 {
-                return Some((a, b));
+                return Some((a, b, true));
             }
         }
         if origin && mx >= MIN_ORIGIN_X {
-            Some((0.0, my / mx))
+            Some((0.0, my / mx, false))
         } else {
             // Flat: too few tokens to tell a rate from fixed overhead (the rate stays a prior).
-            Some((my, 0.0))
+            Some((my, 0.0, false))
         }
     }
 }
@@ -205,7 +206,7 @@ impl PairRates {
         if prefill_s.is_none() && gen_s.is_none() {
             let spt = before
                 .decode_spt
-                .map(|a| a + before.decode_spt_per_stream * streams)
+                .map(|a| a + before.decode_spt_per_stream.unwrap_or(0.0) * streams)
                 .unwrap_or(o.prior_spt);
             let est_p = match before.prefill_tps {
                 Some(_) => prefill_est,
@@ -235,10 +236,11 @@ impl PairRates {
         let prefill = self.prefill.fit(0.2, true);
         let decode = self.decode.fit(0.2, false);
         Rates {
-            prefill_tps: prefill.and_then(|(_, b)| (b > 0.0).then(|| 1.0 / b)),
-            prefill_overhead_s: prefill.map_or(0.0, |(a, _)| a),
-            decode_spt: decode.map(|(a, _)| a).filter(|a| *a > 0.0),
-            decode_spt_per_stream: decode.map_or(0.0, |(_, b)| b),
+            prefill_tps: prefill.and_then(|(_, b, _)| (b > 0.0).then(|| 1.0 / b)),
+            prefill_overhead_s: prefill.map_or(0.0, |(a, _, _)| a),
+            decode_spt: decode.map(|(a, _, _)| a).filter(|a| *a > 0.0),
+            // Seen only at one concurrency: the cost of further streams is not known yet.
+            decode_spt_per_stream: decode.and_then(|(_, b, spread)| spread.then_some(b)),
             load_s: self.load.get(),
             service_s: self.service.get(),
             output_tokens: self.output.get(),
@@ -332,7 +334,8 @@ mod tests {
     /// Prefill of a `prompt`-token request and decode speed at `streams`, as predicted.
     fn predicted(r: &Rates, prompt: f64, streams: f64) -> (f64, f64) {
         let prefill = r.prefill_overhead_s + prompt / r.prefill_tps.expect("prefill learned");
-        let spt = r.decode_spt.expect("decode learned") + r.decode_spt_per_stream * (streams - 1.0);
+        let spt = r.decode_spt.expect("decode learned")
+            + r.decode_spt_per_stream.unwrap_or(0.0) * (streams - 1.0);
         (prefill, 1.0 / spt)
     }
 

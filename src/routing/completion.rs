@@ -98,6 +98,15 @@ pub fn priors(p: &Policy, node: &NodeView, model: &ModelView) -> (f64, f64) {
 pub struct Peers {
     pub best: Rates,
     pub mean: Rates,
+    /// What each further concurrent stream costs, relative to one stream's seconds per token
+    /// (mean over the pairs seen at several concurrencies): the prior of a pair seen only at
+    /// one, so it does not look contention-free next to the nodes whose cost is known.
+    pub contention: Option<f64>,
+    /// Output tokens per response over all the model's pairs (weighted by responses). How
+    /// long an answer is depends on the model and the workload, not on the node: every
+    /// candidate is predicted with this one figure, so a node that happened to serve short
+    /// answers does not look faster for it.
+    pub output_tokens: Option<f64>,
 }
 
 /// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
@@ -123,14 +132,25 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     }
     let (mut prefill, mut spt, mut service, mut n) =
         (Mean::default(), Mean::default(), Mean::default(), 0u32);
-    let (mut overhead, mut per_stream) = (0.0, 0.0);
+    let (mut contention, mut per_stream) = (Mean::default(), Mean::default());
+    let mut overhead = 0.0;
+    let (mut output_sum, mut output_n) = (0.0, 0.0);
     let mut top: Option<Rates> = None;
     for r in all.into_iter().filter(|r| r.observed > 0) {
         prefill.add(r.prefill_tps);
         spt.add(r.decode_spt);
         service.add(r.service_s);
         overhead += r.prefill_overhead_s.max(0.0);
-        per_stream += r.decode_spt_per_stream.max(0.0);
+        per_stream.add(r.decode_spt_per_stream);
+        if let Some(o) = positive(r.output_tokens) {
+            output_sum += o * f64::from(r.observed);
+            output_n += f64::from(r.observed);
+        }
+        if let (Some(b), Some(a)) = (r.decode_spt_per_stream, positive(r.decode_spt)) {
+            // A measured zero counts (a node that batches for free), hence not `Mean::add`.
+            contention.0 += b.max(0.0) / a;
+            contention.1 += 1;
+        }
         n += 1;
         top = Some(match top {
             None => r,
@@ -138,7 +158,10 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
                 prefill_tps: best(a.prefill_tps, r.prefill_tps, f64::max),
                 prefill_overhead_s: a.prefill_overhead_s.min(r.prefill_overhead_s),
                 decode_spt: best(a.decode_spt, r.decode_spt, f64::min),
-                decode_spt_per_stream: a.decode_spt_per_stream.min(r.decode_spt_per_stream),
+                decode_spt_per_stream: match (a.decode_spt_per_stream, r.decode_spt_per_stream) {
+                    (Some(x), Some(y)) => Some(x.min(y)),
+                    (x, y) => x.or(y),
+                },
                 service_s: best(a.service_s, r.service_s, f64::min),
                 output_tokens: a.output_tokens.or(r.output_tokens),
                 observed: a.observed.saturating_add(r.observed),
@@ -159,11 +182,13 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             prefill_tps: prefill.get(),
             prefill_overhead_s: overhead / f64::from(n),
             decode_spt: spt.get(),
-            decode_spt_per_stream: per_stream / f64::from(n),
+            decode_spt_per_stream: per_stream.get(),
             service_s: service.get(),
             output_tokens: top.output_tokens,
             ..Rates::default()
         }),
+        contention: contention.get(),
+        output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
     })
 }
 
@@ -195,18 +220,20 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // Decode: seconds per token of one stream, then at the node's concurrency.
     let (_, prior_spt) = priors(p, x.node, x.model);
     let spt1 = positive(r.decode_spt).unwrap_or(prior_spt).max(MIN_SPT);
-    let per_stream = if r.decode_spt_per_stream.is_finite() {
-        r.decode_spt_per_stream.max(0.0)
-    } else {
-        0.0
-    };
+    // Unknown (seen at one concurrency only): the fleet's relative cost, else none.
+    let per_stream = r
+        .decode_spt_per_stream
+        .or_else(|| x.peer.and_then(|p| p.contention).map(|c| c * spt1))
+        .filter(|b| b.is_finite())
+        .map_or(0.0, |b| b.max(0.0));
     let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
     let spt = spt1 + per_stream * f64::from(concurrency - 1);
     let prefill_tps = positive(r.prefill_tps)
         .or(positive(x.node.prefill_tps))
         .unwrap_or(p.completion_prefill_per_decode / spt1);
     let cap = x.req.max_output_tokens.map_or(f64::INFINITY, f64::from);
-    let output_tokens = match positive(r.output_tokens) {
+    let learned_output = x.peer.and_then(|p| p.output_tokens).or(r.output_tokens);
+    let output_tokens = match positive(learned_output) {
         Some(o) => o.min(cap),
         None => f64::from(p.wait_heuristic_output_tokens).min(cap),
     };
@@ -303,7 +330,7 @@ mod tests {
         Rates {
             prefill_tps: Some(1_000.0),
             decode_spt: Some(0.02),
-            decode_spt_per_stream: 0.01,
+            decode_spt_per_stream: Some(0.01),
             service_s: Some(4.0),
             output_tokens: Some(100.0),
             observed: 10,

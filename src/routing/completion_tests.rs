@@ -225,7 +225,7 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     // The known node is busy with 2 streams (each adds 5 ms per token): the untried node,
     // assumed as fast as the known one alone, finishes sooner.
     let busy = Rates {
-        decode_spt_per_stream: 0.005,
+        decode_spt_per_stream: Some(0.005),
         ..seen(100.0)
     };
     let loads = TableLoads::default()
@@ -242,15 +242,16 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
         "{prediction:?}"
     );
     assert_eq!(prediction.observed, 0);
-    // Its probe is out: the mean of the observed nodes (1 / 30 ms = 33 tokens/s alone), and
-    // the known node wins again.
+    // Its probe is out: the mean of the observed nodes (1 / 30 ms = 33 tokens/s alone, and
+    // the 5 ms per further stream of the one node seen at several concurrencies), and the
+    // known node wins again.
     let probing = loads.clone().with(2, "m", queue(1, 0));
     let d = at(&r, &f, &probing);
     assert_eq!(d.winner().unwrap().node_id, "known");
     let Verdict::Predicted { prediction } = d.table[2].verdict else {
         panic!("fresh predicted")
     };
-    let mean_spt = (0.01 + 0.05) / 2.0 + 0.0025;
+    let mean_spt = (0.01 + 0.05) / 2.0 + 0.005;
     assert!(
         (prediction.decode_tps - 1.0 / mean_spt).abs() < 1e-9,
         "{prediction:?}"
@@ -270,6 +271,57 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
         (prediction.decode_tps - 20.0).abs() < 1e-9,
         "{prediction:?}"
     );
+}
+
+/// A node seen at one concurrency only does not look contention-free: it borrows what each
+/// further stream costs, relative to one stream, from the nodes seen at several. Else requests
+/// pile onto the node whose contention nobody has measured yet.
+#[test]
+fn contention_not_yet_seen_on_a_node_is_borrowed_from_its_peers() {
+    let mut f = fleet(vec![
+        node("measured", vec![loaded("m", 5.0)]),
+        node("unmeasured", vec![loaded("m", 5.0)]),
+    ]);
+    for n in &mut f.nodes {
+        n.seats = 8;
+    }
+    let r = req(&["m"], 1_000);
+    // Both 100 tokens/s alone; the first seen at several concurrencies (+5 ms per further
+    // stream, half a stream's time), the second only alone. The second has 3 streams
+    // running, the first 1.
+    let loads = TableLoads::default()
+        .rated(
+            0,
+            "m",
+            Rates {
+                decode_spt_per_stream: Some(0.005),
+                ..seen(100.0)
+            },
+        )
+        .with(0, "m", queue(1, 0))
+        .rated(1, "m", seen(100.0))
+        .with(1, "m", queue(3, 0));
+    let d = at(&r, &f, &loads);
+    assert_eq!(d.winner().unwrap().node_id, "measured");
+    let Verdict::Predicted { prediction } = d.table[1].verdict else {
+        panic!("unmeasured predicted")
+    };
+    // 4 streams there: 10 ms + 3 x 5 ms per token.
+    assert!(
+        (prediction.decode_tps - 1.0 / 0.025).abs() < 1e-9,
+        "{prediction:?}"
+    );
+    // A measured zero stays zero (a node that batches for free).
+    let free = loads.clone().rated(
+        1,
+        "m",
+        Rates {
+            decode_spt_per_stream: Some(0.0),
+            ..seen(100.0)
+        },
+    );
+    let d = at(&r, &f, &free);
+    assert_eq!(d.winner().unwrap().node_id, "unmeasured");
 }
 
 /// Completion mode counts what idle loaded models hold as memory a cold load can have (the

@@ -24,7 +24,9 @@ impl TableLoads {
     }
 
     /// Learned rates for node `idx`'s `model`.
+    /// The pair's rates (replacing any given before).
     pub fn rated(mut self, idx: usize, model: &str, rates: Rates) -> Self {
+        self.rates.retain(|(n, m, _)| !(*n == idx && m == model));
         self.rates.push((idx, model.to_string(), rates));
         self
     }

@@ -193,9 +193,10 @@ pub struct Rates {
     /// Prompt tokens per second (TTFT of warm requests), and the TTFT no prompt explains.
     pub prefill_tps: Option<f64>,
     pub prefill_overhead_s: f64,
-    /// Seconds per output token of one stream, and what each further concurrent stream adds.
+    /// Seconds per output token of one stream, and what each further concurrent stream adds
+    /// (`None` until responses at different concurrencies were seen).
     pub decode_spt: Option<f64>,
-    pub decode_spt_per_stream: f64,
+    pub decode_spt_per_stream: Option<f64>,
     /// Seconds a cold load of the model took on the node.
     pub load_s: Option<f64>,
     /// Seconds a request held its seat (dispatch to end).
