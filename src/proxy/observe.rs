@@ -94,24 +94,30 @@ impl StreamObserver {
         if self.line_len > 0 {
             self.end_line();
         }
-        let find = |keys: &[&str]| {
+        // One pass over each buffer for every key (the tail first: the last value counts).
+        let (tail, head) = (last_numbers(&self.tail), last_numbers(&self.head));
+        let find = |keys: &[Key]| {
             keys.iter()
-                .find_map(|k| last_number(&self.tail, k))
-                .or_else(|| keys.iter().find_map(|k| last_number(&self.head, k)))
+                .find_map(|k| tail[*k as usize])
+                .or_else(|| keys.iter().find_map(|k| head[*k as usize]))
         };
         let u32_of = |v: Option<u64>| v.and_then(|n| u32::try_from(n).ok());
         let o = Observed {
             chunks: self.chunks,
             prompt_tokens: u32_of(find(&[
-                "prompt_tokens",
-                "prompt_eval_count",
-                "input_tokens",
+                Key::PromptTokens,
+                Key::PromptEvalCount,
+                Key::InputTokens,
             ])),
-            completion_tokens: u32_of(find(&["completion_tokens", "eval_count", "output_tokens"])),
-            eval_duration_ns: find(&["eval_duration"]),
-            prompt_eval_duration_ns: find(&["prompt_eval_duration"]),
-            load_duration_ns: find(&["load_duration"]),
-            cached_tokens: u32_of(find(&["cached_tokens"])),
+            completion_tokens: u32_of(find(&[
+                Key::CompletionTokens,
+                Key::EvalCount,
+                Key::OutputTokens,
+            ])),
+            eval_duration_ns: find(&[Key::EvalDuration]),
+            prompt_eval_duration_ns: find(&[Key::PromptEvalDuration]),
+            load_duration_ns: find(&[Key::LoadDuration]),
+            cached_tokens: u32_of(find(&[Key::CachedTokens])),
         };
         self.finished = Some(o);
         o
@@ -124,45 +130,71 @@ fn is_done(prefix: &[u8]) -> bool {
     rest.starts_with(b"[DON")
 }
 
-/// The number after the last `"key":` in `buf` (JSON, optional spaces).
-fn last_number(buf: &[u8], key: &str) -> Option<u64> {
-    let pat = format!("\"{key}\"");
-    let pat = pat.as_bytes();
-    let mut end = buf.len();
-    while let Some(pos) = rfind(&buf[..end], pat) {
-        let mut i = pos + pat.len();
-        while buf.get(i).is_some_and(|b| *b == b' ') {
-            i += 1;
-        }
-        if buf.get(i) == Some(&b':') {
-            i += 1;
-            while buf.get(i).is_some_and(|b| *b == b' ') {
-                i += 1;
-            }
-            let digits: Vec<u8> = buf[i..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .copied()
-                .collect();
-            if let Some(n) = std::str::from_utf8(&digits)
-                .ok()
-                .and_then(|s| s.parse().ok())
-            {
-                return Some(n);
-            }
-        }
-        end = pos;
-    }
-    None
+/// The usage and timing fields read off a body (OpenAI, Ollama and Anthropic spellings).
+#[derive(Debug, Clone, Copy)]
+enum Key {
+    PromptTokens,
+    PromptEvalCount,
+    InputTokens,
+    CompletionTokens,
+    EvalCount,
+    OutputTokens,
+    EvalDuration,
+    PromptEvalDuration,
+    LoadDuration,
+    CachedTokens,
 }
 
-fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.len() > hay.len() {
+/// The JSON names of [`Key`], in its order.
+const KEYS: [&[u8]; 10] = [
+    b"prompt_tokens",
+    b"prompt_eval_count",
+    b"input_tokens",
+    b"completion_tokens",
+    b"eval_count",
+    b"output_tokens",
+    b"eval_duration",
+    b"prompt_eval_duration",
+    b"load_duration",
+    b"cached_tokens",
+];
+
+/// For each of [`KEYS`], the number after its last `"key":` in `buf` (JSON, optional spaces;
+/// an occurrence not followed by a number does not count). One pass over the quotes.
+fn last_numbers(buf: &[u8]) -> [Option<u64>; 10] {
+    let mut out = [None; 10];
+    for q in memchr::memchr_iter(b'"', buf) {
+        let rest = &buf[q + 1..];
+        for (k, key) in KEYS.iter().enumerate() {
+            if rest.len() > key.len() && rest.starts_with(key) && rest[key.len()] == b'"' {
+                if let Some(n) = number_after(&rest[key.len() + 1..]) {
+                    out[k] = Some(n);
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The number in ` : 123` (spaces optional), without allocating.
+fn number_after(rest: &[u8]) -> Option<u64> {
+    let mut i = rest.iter().take_while(|b| **b == b' ').count();
+    if rest.get(i) != Some(&b':') {
         return None;
     }
-    (0..=hay.len() - needle.len())
-        .rev()
-        .find(|&i| &hay[i..i + needle.len()] == needle)
+    i += 1;
+    i += rest[i..].iter().take_while(|b| **b == b' ').count();
+    let digits = rest[i..].iter().take_while(|b| b.is_ascii_digit());
+    let mut n: Option<u64> = None;
+    for d in digits {
+        n = Some(
+            n.unwrap_or(0)
+                .checked_mul(10)?
+                .checked_add(u64::from(d - b'0'))?,
+        );
+    }
+    n
 }
 
 #[cfg(test)]
@@ -175,6 +207,21 @@ mod tests {
             o.feed(c.as_bytes());
         }
         o.finish()
+    }
+
+    #[test]
+    fn the_last_numeric_value_of_each_key_counts() {
+        let n = last_numbers(
+            br#"{"prompt_tokens": 7,"x":"\"prompt_tokens\": 9","prompt_tokens_details":{"cached_tokens":3},"prompt_tokens":null,"eval_count" :  12,"eval_count":99999999999999999999}"#,
+        );
+        assert_eq!(n[Key::PromptTokens as usize], Some(7));
+        assert_eq!(n[Key::CachedTokens as usize], Some(3));
+        assert_eq!(
+            n[Key::EvalCount as usize],
+            Some(12),
+            "an overflowing value does not count"
+        );
+        assert_eq!(n[Key::InputTokens as usize], None);
     }
 
     #[test]
