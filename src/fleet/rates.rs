@@ -132,7 +132,8 @@ pub struct Observation {
     pub service_s: f64,
     /// Dispatch to first streamed token, seconds (None when the response was not streamed).
     pub ttft_s: Option<f64>,
-    /// Prompt tokens the node evaluated (its count, else the estimate minus the cached part).
+    /// Prompt tokens the node evaluated (its count, else the estimate minus the cached part;
+    /// 0 when that is a guess, and then no prefill rate is learned from the response).
     pub prompt_tokens: u32,
     pub output_tokens: Option<u32>,
     /// What the backend reports (Ollama `prompt_eval_duration`, `eval_duration`,

@@ -7,7 +7,6 @@ use std::time::Instant;
 use super::dispatch::Dispatch;
 use crate::fleet::{Fleet, Observation, Outcome};
 use crate::metrics::METRICS;
-use crate::routing::AffinityKind;
 use crate::services::now_ms;
 
 /// The part of the prompt estimate that does not depend on chars-per-token.
@@ -152,19 +151,20 @@ fn learn(
     let l = &d.learn;
     let now = now_ms();
     let secs = |ns: Option<u64>| ns.filter(|n| *n > 0).map(|n| n as f64 / 1e9);
-    // The cached prefix was where it was credited: the remembered node, else the rendezvous
-    // node (affinity matched).
-    let on_cached = match &l.cached_on {
-        Some(id) => *id == c.node_id,
-        None => d.affinity == AffinityKind::Matched,
-    };
+    // The cached prefix was where it was credited: the node this gateway remembers serving
+    // the conversation. A first turn (nothing remembered) is taken as uncached even on its
+    // rendezvous node: if another replica had served it there, the node only looks faster
+    // for a while (and gets the traffic that corrects it); taking a first turn as cached made
+    // a 2,190-token prefill count as 8 tokens and shut a node out for good.
+    let on_cached = l.cached_on.as_deref() == Some(c.node_id.as_str());
     let base = observed.prompt_tokens.unwrap_or(l.prompt_tokens);
-    let evaluated = match observed.cached_tokens {
-        // The node says what it took from its cache (OpenAI usage counts it in prompt_tokens).
-        Some(cached) if observed.prompt_tokens.is_some() => base.saturating_sub(cached),
-        _ if on_cached => base.saturating_sub(l.cached_tokens),
-        _ => base,
-    };
+    let credited = on_cached.then_some(l.cached_tokens);
+    // The node's cache count only means something next to its prompt count (OpenAI usage
+    // counts the cached tokens in prompt_tokens).
+    let reported = observed
+        .cached_tokens
+        .filter(|_| observed.prompt_tokens.is_some());
+    let (evaluated, counted) = evaluated_tokens(base, reported, credited);
     let view = fleet.view();
     let (prior_prefill_tps, prior_spt) = view
         .nodes
@@ -182,7 +182,7 @@ fn learn(
         ttft_s: first_byte
             .filter(|_| observed.chunks >= 2)
             .map(|fb| fb.duration_since(d.started).as_secs_f64()),
-        prompt_tokens: evaluated.max(1),
+        prompt_tokens: if counted { evaluated.max(1) } else { 0 },
         output_tokens: observed.output_tokens(),
         prompt_eval_s: secs(observed.prompt_eval_duration_ns),
         eval_s: secs(observed.eval_duration_ns),
@@ -217,5 +217,31 @@ mod tests {
         assert_eq!(classify(None, true, false), Some(Outcome::Fault));
         assert_eq!(classify(None, false, false), None);
         assert_eq!(classify(None, true, true), None);
+    }
+}
+
+/// Prompt tokens a node evaluated, and whether that is known: `base` less what the node
+/// reported taking from its cache, else less what this gateway `credited` to it (a guess:
+/// the node may have evicted the prefix; `false` then, and no prefill rate is learned).
+fn evaluated_tokens(base: u32, reported_cached: Option<u32>, credited: Option<u32>) -> (u32, bool) {
+    match (reported_cached, credited) {
+        (Some(cached), _) => (base.saturating_sub(cached), true),
+        (None, Some(credited)) => (base.saturating_sub(credited), false),
+        (None, None) => (base, true),
+    }
+}
+
+#[cfg(test)]
+mod evaluated_tests {
+    use super::evaluated_tokens;
+
+    #[test]
+    fn only_a_reported_or_uncredited_count_teaches_the_prefill_rate() {
+        // A first turn: nothing credited, all 2190 tokens were evaluated.
+        assert_eq!(evaluated_tokens(2190, None, None), (2190, true));
+        // A later turn on the node that served the conversation: a guess, not learned from.
+        assert_eq!(evaluated_tokens(2400, None, Some(2182)), (218, false));
+        // The node said what it reused (OpenAI usage `cached_tokens`).
+        assert_eq!(evaluated_tokens(2400, Some(2300), Some(2182)), (100, true));
     }
 }
