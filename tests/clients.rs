@@ -296,17 +296,14 @@ impl Drop for Child {
 #[test]
 fn under_a_low_open_files_limit_a_flood_of_idle_connections_leaves_admin_and_proxy_answering() {
     let (port, admin, sim_port) = (free_port(), free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("fleetgate-nofile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gw.yaml");
+    let dir = scratch_dir("nofile");
     let sim_spec = SIM.replace('\n', "\n        ");
-    std::fs::write(
-        &path,
-        format!(
+    let path = config_file(
+        &dir,
+        &format!(
             "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 1\n{QUIET}fleet:\n  nodes:\n    - id: nf-a\n      url: http://127.0.0.1:{sim_port}\n      backend: sim\n      sim:\n        {sim_spec}\n"
         ),
-    )
-    .unwrap();
+    );
     // `ulimit -n` in the shell sets soft and hard: the gateway cannot raise it.
     let _child = Child(
         std::process::Command::new("sh")

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::free_port;
+use common::{config_file, free_port, scratch_dir};
 use serde_json::json;
 
 const SLOW: &str = "seats: 2\n        tokens_per_sec: 5\n        ttft_ms: 1\n        memory_gb: 64\n        reply_tokens: 400\n        models:\n          - {name: m:1b, size_gb: 1, loaded: true}\n";
@@ -34,16 +34,13 @@ fn start(name: &str, grace_s: u64) -> Gw {
 
 fn start_logging(name: &str, grace_s: u64, log: Option<&std::path::Path>) -> Gw {
     let (port, admin, sim_port) = (free_port(), free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("fleetgate-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gw.yaml");
-    std::fs::write(
-        &path,
-        format!(
+    let dir = scratch_dir(name);
+    let path = config_file(
+        &dir,
+        &format!(
             "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 1\n  grace_period_s: {grace_s}\nhealth:\n  poll_interval_ms: 600000\nfleet:\n  nodes:\n    - id: sd-a\n      url: http://127.0.0.1:{sim_port}\n      backend: sim\n      sim:\n        {SLOW}"
         ),
-    )
-    .unwrap();
+    );
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetgate"));
     cmd.args(["run", "--config"])
         .arg(&path)
@@ -94,17 +91,14 @@ fn exited_within(gw: &mut Gw, limit: Duration) -> Duration {
 #[test]
 fn the_admin_listener_is_up_with_the_proxy() {
     let (port, admin) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("fleetgate-admin-up-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gw.yaml");
+    let dir = scratch_dir("admin-up");
     // 10.255.255.1: a non-routed address, so the first poll hangs in its connect.
-    std::fs::write(
-        &path,
-        format!(
+    let path = config_file(
+        &dir,
+        &format!(
             "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 1\nfleet:\n  nodes:\n    - id: silent\n      url: http://10.255.255.1:9\n      backend: ollama\n"
         ),
-    )
-    .unwrap();
+    );
     let child = Command::new(env!("CARGO_BIN_EXE_fleetgate"))
         .args(["run", "--config"])
         .arg(&path)

@@ -35,18 +35,15 @@ fn a_new_process_takes_the_listener_under_load_without_a_failed_request() {
     let rt = runtime();
     let a = sim(&rt, SIM);
     let (port, admin) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("fleetgate-upgrade-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gw.yaml");
-    std::fs::write(
-        &path,
-        format!(
+    let dir = scratch_dir("upgrade");
+    let path = config_file(
+        &dir,
+        &format!(
             "server:\n  listen: 127.0.0.1:{port}\n  admin_listen: 127.0.0.1:{admin}\n  threads: 1\n  grace_period_s: 5\n  upgrade_sock: {}\nhealth:\n  poll_interval_ms: 600000\nfleet:\n  nodes:\n    - id: up-a\n      url: http://{}\n      backend: sim\n",
             dir.join("upgrade.sock").display(),
             a.addr()
         ),
-    )
-    .unwrap();
+    );
     let spawn = |upgrade: bool| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_fleetgate"));
         c.args(["run", "--config"])

@@ -30,6 +30,20 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A scratch directory for one test process, created (`fleetgate-<name>-<pid>`).
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fleetgate-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Write `yaml` as `gw.yaml` in `dir`, for a gateway run as a child (`fleetgate run --config`).
+pub fn config_file(dir: &std::path::Path, yaml: &str) -> std::path::PathBuf {
+    let path = dir.join("gw.yaml");
+    std::fs::write(&path, yaml).expect("write gw.yaml");
+    path
+}
+
 /// Start a sim node on an ephemeral port.
 pub fn sim(rt: &Runtime, yaml: &str) -> SimHandle {
     let spec: SimSpec = serde_yaml::from_str(yaml).expect("sim spec");
