@@ -122,9 +122,13 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     impl Mean {
         fn add(&mut self, v: Option<f64>) {
             if let Some(v) = positive(v) {
-                self.0 += v;
-                self.1 += 1;
+                self.add_any(v);
             }
+        }
+        /// Zero included.
+        fn add_any(&mut self, v: f64) {
+            self.0 += v;
+            self.1 += 1;
         }
         fn get(&self) -> Option<f64> {
             (self.1 > 0).then(|| self.0 / f64::from(self.1))
@@ -147,9 +151,8 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             output_n += f64::from(r.observed);
         }
         if let (Some(b), Some(a)) = (r.decode_spt_per_stream, positive(r.decode_spt)) {
-            // A measured zero counts (a node that batches for free), hence not `Mean::add`.
-            contention.0 += b.max(0.0) / a;
-            contention.1 += 1;
+            // A measured zero counts (a node that batches for free).
+            contention.add_any(b.max(0.0) / a);
         }
         n += 1;
         top = Some(match top {
