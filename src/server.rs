@@ -241,8 +241,8 @@ impl pingora::server::ShutdownSignalWatch for StopSignal {
 }
 
 impl Prepared {
-    /// Run the server on a thread; returns once the listener accepts connections (or after
-    /// 10 s, with the error of the last attempt).
+    /// Run the server on a thread; returns once the listener accepts connections and has
+    /// closed the probe it was tested with (or after 10 s, with the error of the last attempt).
     pub fn spawn(self, listen: std::net::SocketAddr) -> std::io::Result<Running> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let server = self.server;
@@ -261,7 +261,16 @@ impl Prepared {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             match std::net::TcpStream::connect(listen) {
-                Ok(_) => return Ok(running),
+                Ok(probe) => {
+                    // The kernel completes the handshake before the server accepts: wait for
+                    // the server to close the probe, so it holds no connection slot after
+                    // `spawn` returns (a `max_connections: 3` gateway then takes three).
+                    use std::io::Read;
+                    let _ = probe.shutdown(std::net::Shutdown::Write);
+                    let _ = probe.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+                    let _ = (&probe).read(&mut [0u8; 256]);
+                    return Ok(running);
+                }
                 Err(e) if std::time::Instant::now() >= deadline => return Err(e),
                 Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
             }

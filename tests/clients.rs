@@ -240,7 +240,7 @@ fn past_max_connections_a_new_connection_is_refused_clearly_and_admin_answers() 
         "clients:\n  max_connections: 3\n{QUIET}{}",
         fleet(&[node("mc-a", &a, "")])
     ));
-    // The start-up readiness probe (`server::spawn` connects once) may still hold a slot.
+    // `server::spawn` waits for its readiness probe to be closed; its slot may drop just after.
     rt.block_on(eventually(
         "the readiness probe's connection closed",
         || async { gw.fleet.clients.open() == 0 },
