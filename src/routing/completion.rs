@@ -16,11 +16,11 @@
 //! over memory bandwidth (a token reads every weight once); prefill from the node's
 //! `prefill_tps`, else `completion_prefill_per_decode` x decode tokens/s.
 //!
-//! Exploration, optimistic and one probe at a time: a pair never observed, with nothing in
-//! flight to it, is predicted with the best rates the fleet has observed for the same model
-//! (`peer`), so an untried node gets the next request it could finish as soon as the best
-//! known one would; once that probe is under way it is taken as a typical node (the mean of
-//! the observed ones) until the probe's response teaches its own rates. A pair with no response in
+//! Exploration, optimistic and one probe at a time: a pair never observed, while no untried
+//! pair of the same model has a request in flight, is predicted with the best rates the fleet
+//! has observed for the same model (`peer`), so an untried node gets the next request it could
+//! finish as soon as the best known one would; while a probe is under way every untried pair
+//! is taken as a typical node (the mean of the observed ones). A pair with no response in
 //! `completion_explore_after_s` (or none ever) has its prefill and decode multiplied by
 //! `completion_explore_factor`, so a node that was slow once is tried again; deterministic in
 //! `now_ms`. Never for a turn of a conversation this gateway has served (`cached_on`): it goes
@@ -107,6 +107,9 @@ pub struct Peers {
     /// candidate is predicted with this one figure, so a node that happened to serve short
     /// answers does not look faster for it.
     pub output_tokens: Option<f64>,
+    /// A never-observed pair of the model has a request in flight (set by the caller, which
+    /// sees the loads): one probe per model at a time, fleet-wide.
+    pub probing: bool,
 }
 
 /// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
@@ -192,16 +195,20 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         }),
         contention: contention.get(),
         output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
+        probing: false,
     })
 }
 
 /// The rates a pair is predicted with: its own once observed. Never observed: the peers' best
-/// while no probe is in flight to it (optimism, one probe at a time), their mean while one is;
-/// with no peers, its own (empty: the priors). True when a peer figure is used.
+/// while no probe of the model is in flight anywhere (optimism, one probe at a time across the
+/// fleet: in a fleet of 32 a probe on each untried node at once would be a request in three
+/// paying for the exploring), their mean while one is; with no peers, its own (empty: the
+/// priors). True when a peer figure is used.
 fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
-    let probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
+    let own_probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
     match x.peer {
         Some(peers) if x.rates.observed == 0 => {
+            let probe_out = own_probe_out || peers.probing;
             let from = if probe_out { peers.mean } else { peers.best };
             (
                 Rates {

@@ -273,6 +273,51 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     );
 }
 
+/// One probe per model at a time, fleet-wide: while one untried node is being tried, every
+/// other untried node is a typical node too, so a fleet of 32 does not send a request to each
+/// of its 26 unknown nodes at once (each a slow node's worth of waiting for a client).
+#[test]
+fn while_one_untried_node_is_probed_the_others_are_typical() {
+    let mut f = fleet(vec![
+        node("known", vec![loaded("m", 5.0)]),
+        node("slow", vec![loaded("m", 5.0)]),
+        node("fresh-a", vec![loaded("m", 5.0)]),
+        node("fresh-b", vec![loaded("m", 5.0)]),
+    ]);
+    for n in &mut f.nodes {
+        n.seats = 4;
+        n.bandwidth_gbps = None;
+    }
+    let r = req(&["m"], 1_000);
+    let busy = Rates {
+        decode_spt_per_stream: Some(0.005),
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .rated(0, "m", busy)
+        .with(0, "m", queue(2, 0))
+        .rated(1, "m", seen(20.0));
+    // Nothing being probed: an untried node is predicted with the best rates and wins.
+    let d = at(&r, &f, &loads);
+    assert!(d.winner().unwrap().node_id.starts_with("fresh"), "{d:?}");
+    // fresh-a is being tried: fresh-b, idle, is a typical node, and the known one wins.
+    let probing = loads.clone().with(2, "m", queue(1, 0));
+    let d = at(&r, &f, &probing);
+    assert_eq!(d.winner().unwrap().node_id, "known");
+    let Verdict::Predicted { prediction } = d.table[3].verdict else {
+        panic!("fresh-b predicted")
+    };
+    let mean_spt = (0.01 + 0.05) / 2.0;
+    assert!(
+        (prediction.decode_tps - 1.0 / mean_spt).abs() < 1e-9,
+        "{prediction:?}"
+    );
+    // fresh-a answered: fresh-b may be tried next.
+    let answered = loads.clone().rated(2, "m", seen(20.0));
+    let d = at(&r, &f, &answered);
+    assert_eq!(d.winner().unwrap().node_id, "fresh-b");
+}
+
 /// A node seen at one concurrency only does not look contention-free: it borrows what each
 /// further stream costs, relative to one stream, from the nodes seen at several. Else requests
 /// pile onto the node whose contention nobody has measured yet.

@@ -104,7 +104,19 @@ fn decide_once(
             .collect(),
     };
     let peers: Vec<Option<completion::Peers>> = (0..n_models)
-        .map(|pos| completion::peer_rates(rates.iter().skip(pos).step_by(n_models.max(1)).copied()))
+        .map(|pos| {
+            let peers =
+                completion::peer_rates(rates.iter().skip(pos).step_by(n_models.max(1)).copied())?;
+            // Is some never-observed pair of this model being tried now (fleet-wide)?
+            let name = &req.models[pos];
+            let probing = fleet.nodes.iter().enumerate().any(|(idx, node)| {
+                rates[idx * n_models + pos].observed == 0 && node.model(name).is_some() && {
+                    let load = loads.model(idx, name);
+                    load.in_flight.saturating_add(load.pending) > 0
+                }
+            });
+            Some(completion::Peers { probing, ..peers })
+        })
         .collect();
 
     for (idx, node) in fleet.nodes.iter().enumerate() {
