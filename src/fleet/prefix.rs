@@ -21,9 +21,38 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct PrefixMemory {
     map: Mutex<HashMap<u64, Entry>>,
+    /// Requests seen that start a conversation / continue one (halved together past
+    /// [`TURNS_WINDOW`], so the share follows the workload).
+    turns: Mutex<(f64, f64)>,
 }
 
+/// First turns counted before both counts are halved.
+const TURNS_WINDOW: f64 = 1024.0;
+
 impl PrefixMemory {
+    /// Count a request with a stable prefix: a first turn, or one that continues (see
+    /// `protocol::prefix::Prefix::continues`).
+    pub fn note_turn(&self, continues: bool) {
+        let mut t = self.turns.lock();
+        if continues {
+            t.1 += 1.0;
+        } else {
+            t.0 += 1.0;
+        }
+        if t.0 > TURNS_WINDOW {
+            t.0 /= 2.0;
+            t.1 /= 2.0;
+        }
+    }
+
+    /// How likely a first turn is to come back for more: later turns per first turn, at most
+    /// 1, with one of each counted to start (1 before any traffic). Single-request traffic
+    /// (batch jobs, one-shot prompts) drives it towards 0, chat traffic keeps it at 1.
+    pub fn return_share(&self) -> f64 {
+        let t = self.turns.lock();
+        ((t.1 + 1.0) / (t.0 + 1.0)).min(1.0)
+    }
+
     /// Node `node` just served `key` and holds `tokens` of its conversation.
     pub fn remember(&self, key: u64, node: usize, tokens: u32, now_ms: u64) {
         let mut map = self.map.lock();
@@ -57,6 +86,29 @@ impl PrefixMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_return_share_follows_the_workload() {
+        let m = PrefixMemory::default();
+        assert_eq!(m.return_share(), 1.0, "no traffic yet");
+        for _ in 0..99 {
+            m.note_turn(false);
+        }
+        assert!((m.return_share() - 0.01).abs() < 1e-9, "one-shot traffic");
+        // Chats of six turns: five later turns per first one, the share capped at 1.
+        for _ in 0..200 {
+            m.note_turn(false);
+            for _ in 0..5 {
+                m.note_turn(true);
+            }
+        }
+        assert_eq!(m.return_share(), 1.0);
+        // Back to one-shot traffic: the old counts are halved away.
+        for _ in 0..10_000 {
+            m.note_turn(false);
+        }
+        assert!(m.return_share() < 0.01, "{}", m.return_share());
+    }
 
     #[test]
     fn remembers_the_last_server_and_forgets_stale_or_excess_keys() {

@@ -27,11 +27,16 @@ const HASHED_END_BYTES: usize = 8 * 1024;
 pub struct Prefix {
     pub hash: u64,
     pub chars: usize,
+    /// More follows the prefix: a chat with messages after its first user message, a raw
+    /// prompt longer than its leading block. A later turn, whose earlier ones some gateway
+    /// (this one, a replica, this one before a restart) may have placed.
+    pub continues: bool,
 }
 
 struct Acc {
     sha: Sha256,
     chars: usize,
+    continues: bool,
 }
 
 impl Acc {
@@ -67,6 +72,7 @@ impl Acc {
         Prefix {
             hash: u64::from_be_bytes(first),
             chars: self.chars,
+            continues: self.continues,
         }
     }
 }
@@ -76,6 +82,7 @@ pub fn stable_prefix(ep: Endpoint, obj: &Obj) -> Option<Prefix> {
     let mut acc = Acc {
         sha: Sha256::new(),
         chars: 0,
+        continues: false,
     };
     if let Some(sys) = get(obj, "system") {
         acc.part("system", sys);
@@ -111,6 +118,7 @@ fn leading(acc: &mut Acc, s: &str) -> bool {
         return false;
     }
     let block: String = s.chars().take(LEADING_BLOCK_CHARS).collect();
+    acc.continues = block.len() < s.len();
     acc.part("prompt", &Value::String(block));
     true
 }
@@ -118,7 +126,7 @@ fn leading(acc: &mut Acc, s: &str) -> bool {
 /// System messages up to and including the first user message; false without a user message.
 fn messages(acc: &mut Acc, v: &Value) -> bool {
     let Value::Array(list) = v else { return false };
-    for m in list {
+    for (i, m) in list.iter().enumerate() {
         let Some(m) = m.as_object() else { return false };
         let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
         let content = m.get("content").unwrap_or(&Value::Null);
@@ -126,6 +134,7 @@ fn messages(acc: &mut Acc, v: &Value) -> bool {
             "system" | "developer" => acc.part("system", content),
             "user" => {
                 acc.part("user", content);
+                acc.continues = i + 1 < list.len();
                 return true;
             }
             _ => return false,
@@ -182,9 +191,15 @@ mod tests {
             {"role":"system","content":"be brief"},
             {"role":"user","content":"goodbye"}]});
         let a = prefix(Endpoint::OpenAIChat, t1).expect("chat has a prefix");
-        assert_eq!(Some(a), prefix(Endpoint::OpenAIChat, t3));
-        assert_ne!(Some(a), prefix(Endpoint::OpenAIChat, other));
+        let later = prefix(Endpoint::OpenAIChat, t3).expect("chat has a prefix");
+        assert_eq!(a.hash, later.hash);
+        assert_ne!(
+            Some(a.hash),
+            prefix(Endpoint::OpenAIChat, other).map(|p| p.hash)
+        );
         assert_eq!(a.chars, "be brief".len() + "hello".len());
+        // Only the later turn continues a conversation.
+        assert!(!a.continues && later.continues);
     }
 
     #[test]
@@ -197,13 +212,13 @@ mod tests {
         );
         let long = "x".repeat(3000);
         let grown = format!("{long} and then more");
-        assert_eq!(
-            prefix(Endpoint::OllamaGenerate, json!({"model":"m","prompt":long})),
-            prefix(
-                Endpoint::OllamaGenerate,
-                json!({"model":"m","prompt":grown})
-            )
+        let raw = |p: &str| prefix(Endpoint::OllamaGenerate, json!({"model":"m","prompt":p}));
+        assert_eq!(raw(&long).map(|p| p.hash), raw(&grown).map(|p| p.hash));
+        assert!(
+            raw(&long).unwrap().continues,
+            "longer than its leading block"
         );
+        assert!(!raw("short").unwrap().continues);
         assert_eq!(
             prefix(Endpoint::OpenAIEmbeddings, json!({"model":"m","input":"x"})),
             None

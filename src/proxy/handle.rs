@@ -54,6 +54,9 @@ pub async fn client_request(
         }
     };
     arrival.requested_model = parsed.model.clone();
+    if let Some(p) = parsed.prefix {
+        fleet.prefixes.note_turn(p.continues);
+    }
     let Some(pass) = tenancy::admit(fleet, session, log, &arrival, family, &tenant, &req).await?
     else {
         return Ok(());

@@ -223,8 +223,19 @@ fn affinity_key(
 }
 
 /// Tokens of the conversation a node already caches, and which node: what this gateway saw
-/// it serve last (prompt + output), else the stable prefix on the key's rendezvous node.
-fn cached_prefix(fleet: &Fleet, parsed: &ParsedRequest, req: &mut RouteRequest, cpt: f64) {
+/// it serve last (prompt + output), else the stable prefix on the key's rendezvous node. That
+/// last credit is what makes replicas agree on a conversation's node; it is whole for a later
+/// turn or a declared conversation (`X-Fleet-Conversation`), and for a first turn scaled by
+/// the share of conversations that came back (`PrefixMemory::return_share`): a one-shot
+/// request caches nothing anyone will reuse, and crediting its whole prompt piled one-shot
+/// traffic onto rendezvous nodes.
+fn cached_prefix(
+    fleet: &Fleet,
+    parsed: &ParsedRequest,
+    h: &RequestHeader,
+    req: &mut RouteRequest,
+    cpt: f64,
+) {
     let Some(key) = req.affinity_key else { return };
     let stable = parsed
         .prefix
@@ -233,7 +244,16 @@ fn cached_prefix(fleet: &Fleet, parsed: &ParsedRequest, req: &mut RouteRequest, 
         Some((idx, tokens)) if idx < fleet.len() => {
             (Some(fleet.node_config(idx).id.clone()), tokens.max(stable))
         }
-        _ => (None, stable),
+        _ => {
+            let declared = header_str(h, CONVERSATION_HEADER).is_some();
+            let later = parsed.prefix.is_some_and(|p| p.continues);
+            let share = if declared || later {
+                1.0
+            } else {
+                fleet.prefixes.return_share()
+            };
+            (None, (f64::from(stable) * share) as u32)
+        }
     };
     req.cached_on = node;
     req.cached_prefix_tokens = tokens.min(req.prompt_tokens);
@@ -269,7 +289,7 @@ pub fn prepare(
         req.require_warm |= config.require_warm.contains(&m);
         req.models[0] = m;
     }
-    cached_prefix(fleet, &parsed, &mut req, cpt);
+    cached_prefix(fleet, &parsed, h, &mut req, cpt);
     Ok((parsed, req))
 }
 

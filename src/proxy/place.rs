@@ -81,7 +81,29 @@ fn no_route_error(
 fn decide(fleet: &Fleet, req: &RouteRequest) -> (Decision, Arc<FleetView>) {
     let view = fleet.view();
     let d = routing::decide(req, &view, &fleet.config().routing.policy, fleet, now_ms());
+    if log::log_enabled!(target: "fleetgate::decisions", log::Level::Debug) {
+        log_prediction(req, &view, &d);
+    }
     (d, view)
+}
+
+/// Each candidate's predicted terms and the winner, one line each (`RUST_LOG=
+/// fleetgate::decisions=debug`): what to read when a request went somewhere unexpected.
+fn log_prediction(req: &RouteRequest, view: &FleetView, d: &Decision) {
+    for row in &d.table {
+        if let routing::Verdict::Predicted { prediction: p } = &row.verdict {
+            log::debug!(
+                target: "fleetgate::decisions",
+                "prompt {} node {} total {:.3} = wait {:.3} + load {:.3} + prefill {:.3} + decode {:.3}; \
+                 streams {} output {:.0} prefill {:.0} tok/s decode {:.1} tok/s observed {} explored {}",
+                req.prompt_tokens, view.nodes[row.node].id, p.total_s, p.wait_s, p.load_s,
+                p.prefill_s, p.decode_s, p.concurrency, p.output_tokens, p.prefill_tps,
+                p.decode_tps, p.observed, p.explored
+            );
+        }
+    }
+    let winner = d.winner().map(|w| w.node_id.as_str());
+    log::debug!(target: "fleetgate::decisions", "prompt {} -> {winner:?}", req.prompt_tokens);
 }
 
 /// Count a decision the proxy acts on and keep it for the fleet page.

@@ -11,10 +11,11 @@
 //! ```
 //!
 //! `service` is the observed seat time of the pair, else this request's own prefill + decode;
-//! `output_tokens` the observed mean (capped by `max_tokens`), else min(`max_tokens`,
-//! `wait_heuristic_output_tokens`). Priors: decode from the node's `decode_tps`, else model GB
-//! over memory bandwidth (a token reads every weight once); prefill from the node's
-//! `prefill_tps`, else `completion_prefill_per_decode` x decode tokens/s.
+//! `output_tokens` the fleet's observed mean for the model (capped by `max_tokens`), else
+//! min(`max_tokens`, `wait_heuristic_output_tokens`). A rate the pair has not measured comes,
+//! in order, from the node's config (`decode_tps`, `prefill_tps`), the mean of the pairs of the
+//! same model that measured it, then the priors: decode from model GB over memory bandwidth (a
+//! token reads every weight once), prefill `completion_prefill_per_decode` x decode tokens/s.
 //!
 //! Exploration, optimistic and one probe at a time: a pair never observed, while no untried
 //! pair of the same model has a request in flight, is predicted with the best rates the fleet
@@ -229,7 +230,15 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let r = &rates;
     // Decode: seconds per token of one stream, then at the node's concurrency.
     let (_, prior_spt) = priors(p, x.node, x.model);
-    let spt1 = positive(r.decode_spt).unwrap_or(prior_spt).max(MIN_SPT);
+    // A rate the pair has not measured yet (a line too flat to read it from: only short
+    // prompts so far) is the fleet's typical one before it is a prior: a prior far below the
+    // real rate would keep the pair from ever getting the prompts that would measure it.
+    let typical = x.peer.map(|p| p.mean);
+    let spt1 = positive(r.decode_spt)
+        .or(positive(x.node.decode_tps).map(|tps| 1.0 / tps))
+        .or_else(|| typical.and_then(|t| positive(t.decode_spt)))
+        .unwrap_or(prior_spt)
+        .max(MIN_SPT);
     // Unknown (seen at one concurrency only): the fleet's relative cost, else none.
     let per_stream = r
         .decode_spt_per_stream
@@ -240,6 +249,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let spt = spt1 + per_stream * f64::from(concurrency - 1);
     let prefill_tps = positive(r.prefill_tps)
         .or(positive(x.node.prefill_tps))
+        .or_else(|| typical.and_then(|t| positive(t.prefill_tps)))
         .unwrap_or(p.completion_prefill_per_decode / spt1);
     let cap = x.req.max_output_tokens.map_or(f64::INFINITY, f64::from);
     let learned_output = x.peer.and_then(|p| p.output_tokens).or(r.output_tokens);

@@ -318,6 +318,61 @@ fn while_one_untried_node_is_probed_the_others_are_typical() {
     assert_eq!(d.winner().unwrap().node_id, "fresh-b");
 }
 
+/// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
+/// fixed overhead): it is predicted with its peers' typical rate, not the far lower prior
+/// (20 x its decode rate). With the prior, the context bench's 8k-window node was predicted
+/// 12x slower at prefill than it is and never got the prompts that would have shown it.
+#[test]
+fn a_prefill_rate_not_measured_yet_is_the_peers_typical_one() {
+    let mut f = fleet(vec![
+        node("measured", vec![loaded("m", 5.0)]),
+        node("short-only", vec![loaded("m", 5.0)]),
+    ]);
+    for n in &mut f.nodes {
+        n.seats = 4;
+        n.bandwidth_gbps = None;
+    }
+    let r = req(&["m"], 4_000);
+    let short_only = Rates {
+        prefill_tps: None,
+        prefill_overhead_s: 0.02,
+        ..seen(200.0)
+    };
+    let measured = Rates {
+        prefill_tps: Some(50_000.0),
+        prefill_overhead_s: 0.02,
+        decode_spt_per_stream: Some(0.001),
+        ..seen(200.0)
+    };
+    let loads = TableLoads::default()
+        .rated(0, "m", measured)
+        .with(0, "m", queue(2, 0))
+        .rated(1, "m", short_only);
+    let d = at(&r, &f, &loads);
+    let Verdict::Predicted { prediction } = d.table[1].verdict else {
+        panic!("short-only predicted")
+    };
+    assert!(
+        (prediction.prefill_tps - 50_000.0).abs() < 1e-9,
+        "the measured node's rate: {prediction:?}"
+    );
+    assert_eq!(
+        d.winner().unwrap().node_id,
+        "short-only",
+        "idle, and as fast"
+    );
+    // No peer measured it either: the prior.
+    let alone = TableLoads::default().rated(1, "m", short_only);
+    let d = at(&r, &f, &alone);
+    let Verdict::Predicted { prediction } = d.table[1].verdict else {
+        panic!("short-only predicted")
+    };
+    assert!(
+        (prediction.prefill_tps - 20.0 * 200.0).abs() < 1e-9,
+        "{prediction:?}"
+    );
+}
+
 /// A node seen at one concurrency only does not look contention-free: it borrows what each
 /// further stream costs, relative to one stream, from the nodes seen at several. Else requests
 /// pile onto the node whose contention nobody has measured yet.
