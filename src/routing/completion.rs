@@ -66,6 +66,8 @@ pub(super) struct Input<'a> {
     pub rates: Rates,
     /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
     pub peer: Option<Peers>,
+    /// A pair never observed: the best rates its node has shown on its other models.
+    pub node_best: Option<Rates>,
     pub needed_tokens: u64,
     pub now_ms: u64,
 }
@@ -115,12 +117,6 @@ pub struct Peers {
 
 /// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
 pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
-    fn best(a: Option<f64>, b: Option<f64>, better: fn(f64, f64) -> f64) -> Option<f64> {
-        match (positive(a), positive(b)) {
-            (Some(a), Some(b)) => Some(better(a, b)),
-            (a, b) => a.or(b),
-        }
-    }
     #[derive(Default)]
     struct Mean(f64, u32);
     impl Mean {
@@ -162,14 +158,14 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         top = Some(match top {
             None => r,
             Some(a) => Rates {
-                prefill_tps: best(a.prefill_tps, r.prefill_tps, f64::max),
+                prefill_tps: better(a.prefill_tps, r.prefill_tps, f64::max),
                 prefill_overhead_s: a.prefill_overhead_s.min(r.prefill_overhead_s),
-                decode_spt: best(a.decode_spt, r.decode_spt, f64::min),
+                decode_spt: better(a.decode_spt, r.decode_spt, f64::min),
                 decode_spt_per_stream: match (a.decode_spt_per_stream, r.decode_spt_per_stream) {
                     (Some(x), Some(y)) => Some(x.min(y)),
                     (x, y) => x.or(y),
                 },
-                service_s: best(a.service_s, r.service_s, f64::min),
+                service_s: better(a.service_s, r.service_s, f64::min),
                 output_tokens: a.output_tokens.or(r.output_tokens),
                 observed: a.observed.saturating_add(r.observed),
                 ..a
@@ -207,7 +203,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 /// priors). True when a peer figure is used.
 fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
     let own_probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
-    match x.peer {
+    let (rates, optimistic) = match x.peer {
         Some(peers) if x.rates.observed == 0 => {
             let probe_out = own_probe_out || peers.probing;
             let from = if probe_out { peers.mean } else { peers.best };
@@ -220,6 +216,27 @@ fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
             )
         }
         _ => (x.rates, false),
+    };
+    // A node as fast on its other models as the estimate says is at least that fast on this
+    // one: a node known to be quick is tried first, even while another probe is out.
+    match x.node_best.filter(|_| x.rates.observed == 0) {
+        Some(nb) => (
+            Rates {
+                prefill_tps: better(rates.prefill_tps, nb.prefill_tps, f64::max),
+                decode_spt: better(rates.decode_spt, nb.decode_spt, f64::min),
+                ..rates
+            },
+            true,
+        ),
+        None => (rates, optimistic),
+    }
+}
+
+/// The better of two rates (`pick`: max or min), either one when the other is unknown.
+pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) -> Option<f64> {
+    match (positive(a), positive(b)) {
+        (Some(a), Some(b)) => Some(pick(a, b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -341,6 +358,7 @@ mod tests {
             node_in_flight: load.in_flight,
             rates,
             peer: None,
+            node_best: None,
             needed_tokens: 2_000,
             now_ms: 1_000_000,
         }

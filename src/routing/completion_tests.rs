@@ -318,6 +318,51 @@ fn while_one_untried_node_is_probed_the_others_are_typical() {
     assert_eq!(d.winner().unwrap().node_id, "fresh-b");
 }
 
+/// A node known to be fast on one model is expected at least as fast on a model it has not
+/// served yet, so it is tried before unknown nodes, even while another is being probed (on the
+/// 32-node bench the fast boxes, busy with the big model, were the last tried for the small).
+#[test]
+fn a_node_fast_on_another_model_is_tried_first() {
+    let mut f = fleet(vec![
+        node("unknown", vec![loaded("small", 2.0)]),
+        node("mid", vec![loaded("small", 2.0)]),
+        node("fast", vec![loaded("small", 2.0), loaded("big", 40.0)]),
+    ]);
+    for n in &mut f.nodes {
+        n.seats = 4;
+        n.bandwidth_gbps = None;
+    }
+    let r = req(&["small"], 500);
+    let loads = TableLoads::default()
+        .rated(1, "small", seen(100.0))
+        .rated(2, "big", seen(200.0))
+        .with(2, "big", queue(1, 0));
+    let d = at(&r, &f, &loads);
+    assert_eq!(d.winner().unwrap().node_id, "fast", "{:#?}", d.table);
+    let Verdict::Predicted { prediction } = d.table[2].verdict else {
+        panic!("fast predicted")
+    };
+    assert!(
+        (prediction.decode_tps - 200.0).abs() < 1e-9,
+        "{prediction:?}"
+    );
+    // The unknown node being probed does not hold the fast one back.
+    let probing = loads.clone().with(0, "small", queue(1, 0));
+    assert_eq!(at(&r, &f, &probing).winner().unwrap().node_id, "fast");
+    // Without anything seen on the fast node, it is one unknown among others.
+    let blind = TableLoads::default()
+        .rated(1, "small", seen(100.0))
+        .with(2, "big", queue(1, 0));
+    let d = at(&r, &f, &blind);
+    let Verdict::Predicted { prediction } = d.table[2].verdict else {
+        panic!("fast predicted")
+    };
+    assert!(
+        (prediction.decode_tps - 100.0).abs() < 1e-9,
+        "{prediction:?}"
+    );
+}
+
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
 /// fixed overhead): it is predicted with its peers' typical rate, not the far lower prior
 /// (20 x its decode rate). With the prior, the context bench's 8k-window node was predicted

@@ -177,14 +177,20 @@ fn decide_once(
                             (Verdict::Scored { signals, total }, total)
                         }
                         Mode::Completion => {
+                            let own = rates[idx * n_models + pos];
                             let input = Input {
                                 req,
                                 node,
                                 model: m,
                                 load,
                                 node_in_flight,
-                                rates: rates[idx * n_models + pos],
+                                rates: own,
                                 peer: peers[pos],
+                                node_best: if own.observed == 0 {
+                                    node_best(node, idx, loads)
+                                } else {
+                                    None
+                                },
                                 needed_tokens: needed,
                                 now_ms,
                             };
@@ -364,6 +370,7 @@ fn add_cached_prefix(
             node_in_flight: post.loads.node_in_flight(idx),
             rates: post.rates[idx * n_models + pos],
             peer: post.peers[pos],
+            node_best: None,
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
         };
@@ -400,6 +407,23 @@ fn add_session_affinity(
             cands[i].total = *total;
         }
     }
+}
+
+/// The fastest prefill and decode node `idx` has shown on any of its models (None when it has
+/// served none): how a pair it has not served yet is at least expected to do.
+fn node_best(node: &super::types::NodeView, idx: usize, loads: &dyn Loads) -> Option<Rates> {
+    let mut best: Option<Rates> = None;
+    for m in &node.models {
+        let r = loads.rates(idx, &m.name);
+        if r.observed == 0 {
+            continue;
+        }
+        let b = best.get_or_insert(Rates::default());
+        b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
+        b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
+        b.observed = b.observed.saturating_add(r.observed);
+    }
+    best
 }
 
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol
