@@ -66,7 +66,8 @@ pub(super) struct Input<'a> {
     pub rates: Rates,
     /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
     pub peer: Option<Peers>,
-    /// A pair never observed: the best rates its node has shown on its other models.
+    /// The best prefill and decode its node has shown on other models; set (by the caller)
+    /// only for a pair never observed.
     pub node_best: Option<Rates>,
     pub needed_tokens: u64,
     pub now_ms: u64,
@@ -161,6 +162,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
                 prefill_tps: better(a.prefill_tps, r.prefill_tps, f64::max),
                 prefill_overhead_s: a.prefill_overhead_s.min(r.prefill_overhead_s),
                 decode_spt: better(a.decode_spt, r.decode_spt, f64::min),
+                // Not `better`: a measured zero (free batching) is the best there is.
                 decode_spt_per_stream: match (a.decode_spt_per_stream, r.decode_spt_per_stream) {
                     (Some(x), Some(y)) => Some(x.min(y)),
                     (x, y) => x.or(y),
@@ -219,7 +221,7 @@ fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
     };
     // A node as fast on its other models as the estimate says is at least that fast on this
     // one: a node known to be quick is tried first, even while another probe is out.
-    match x.node_best.filter(|_| x.rates.observed == 0) {
+    match x.node_best {
         Some(nb) => (
             Rates {
                 prefill_tps: better(rates.prefill_tps, nb.prefill_tps, f64::max),

@@ -1,6 +1,7 @@
 //! `decide` in completion mode: ranking by predicted finish, the fallback chain by time, the
 //! prefix credit, and the hard rules shared with spec mode.
 
+use super::completion::Prediction;
 use super::decide::decide;
 use super::policy::Policy;
 use super::testkit::*;
@@ -37,6 +38,42 @@ fn seen(tps: f64) -> Rates {
         last_ms: Some(1_000_000),
         ..Rates::default()
     }
+}
+
+/// The prediction of table row `row` (completion mode).
+fn predicted(d: &Decision, row: usize) -> Prediction {
+    match d.table[row].verdict {
+        Verdict::Predicted { prediction } => prediction,
+        ref other => panic!("row {row} not predicted: {other:?}"),
+    }
+}
+
+/// `got` (a rate of `p`) is `want`.
+fn assert_near(got: f64, want: f64, p: &Prediction) {
+    assert!((got - want).abs() < 1e-9, "{got} vs {want}: {p:?}");
+}
+
+/// `nodes` with 4 seats each and no bandwidth given (priors: model GB / 100 GB/s).
+fn fleet_of_4_seats(nodes: Vec<NodeView>) -> FleetView {
+    let mut f = fleet(nodes);
+    for n in &mut f.nodes {
+        n.seats = 4;
+        n.bandwidth_gbps = None;
+    }
+    f
+}
+
+/// Nodes 0 and 1 of a fleet serving `m`: node 0 at 100 tokens/s alone, +5 ms per token for
+/// each further stream, running 2; node 1 at 20 tokens/s, idle.
+fn known_busy_and_slow() -> TableLoads {
+    let busy = Rates {
+        decode_spt_per_stream: Some(0.005),
+        ..seen(100.0)
+    };
+    TableLoads::default()
+        .rated(0, "m", busy)
+        .with(0, "m", queue(2, 0))
+        .rated(1, "m", seen(20.0))
 }
 
 /// The home lab of issue 9: a workstation 4x faster than a laptop, both with the small model
@@ -129,14 +166,10 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
     let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node, owner);
     assert_eq!(d.affinity, AffinityKind::Matched);
-    let Verdict::Predicted { prediction } = d.table[owner].verdict else {
-        panic!("owner predicted")
-    };
+    let prediction = predicted(&d, owner);
     assert_eq!(prediction.cached_tokens, 3_000);
     let other = (owner + 1) % 3;
-    let Verdict::Predicted { prediction } = d.table[other].verdict else {
-        panic!("other predicted")
-    };
+    let prediction = predicted(&d, other);
     assert_eq!(prediction.cached_tokens, 0);
     // The owner's one seat is taken and two wait: another node finishes sooner.
     let busy = loads.clone().with(owner, "m", queue(1, 2));
@@ -212,35 +245,19 @@ fn a_deeper_queue_is_never_predicted_sooner() {
 /// answered its own rates decide.
 #[test]
 fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
-    let mut f = fleet(vec![
+    let f = fleet_of_4_seats(vec![
         node("known", vec![loaded("m", 5.0)]),
         node("slow", vec![loaded("m", 5.0)]),
         node("fresh", vec![loaded("m", 5.0)]),
     ]);
-    for n in &mut f.nodes {
-        n.seats = 4;
-        n.bandwidth_gbps = None;
-    }
     let r = req(&["m"], 1_000);
     // The known node is busy with 2 streams (each adds 5 ms per token): the untried node,
     // assumed as fast as the known one alone, finishes sooner.
-    let busy = Rates {
-        decode_spt_per_stream: Some(0.005),
-        ..seen(100.0)
-    };
-    let loads = TableLoads::default()
-        .rated(0, "m", busy)
-        .with(0, "m", queue(2, 0))
-        .rated(1, "m", seen(20.0));
+    let loads = known_busy_and_slow();
     let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node_id, "fresh");
-    let Verdict::Predicted { prediction } = d.table[2].verdict else {
-        panic!("fresh predicted")
-    };
-    assert!(
-        (prediction.decode_tps - 100.0).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    let prediction = predicted(&d, 2);
+    assert_near(prediction.decode_tps, 100.0, &prediction);
     assert_eq!(prediction.observed, 0);
     // Its probe is out: the mean of the observed nodes (1 / 30 ms = 33 tokens/s alone, and
     // the 5 ms per further stream of the one node seen at several concurrencies), and the
@@ -248,14 +265,9 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     let probing = loads.clone().with(2, "m", queue(1, 0));
     let d = at(&r, &f, &probing);
     assert_eq!(d.winner().unwrap().node_id, "known");
-    let Verdict::Predicted { prediction } = d.table[2].verdict else {
-        panic!("fresh predicted")
-    };
+    let prediction = predicted(&d, 2);
     let mean_spt = (0.01 + 0.05) / 2.0 + 0.005;
-    assert!(
-        (prediction.decode_tps - 1.0 / mean_spt).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    assert_near(prediction.decode_tps, 1.0 / mean_spt, &prediction);
     // Answered, and slow: its own rates keep it out while the known node has room.
     let answered = loads.clone().rated(2, "m", seen(10.0));
     let d = at(&r, &f, &answered);
@@ -264,13 +276,8 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     // (5 GB / 100 GB/s = 20 tokens/s).
     let none = TableLoads::default();
     let d = at(&r, &f, &none);
-    let Verdict::Predicted { prediction } = d.table[0].verdict else {
-        panic!("known predicted")
-    };
-    assert!(
-        (prediction.decode_tps - 20.0).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    let prediction = predicted(&d, 0);
+    assert_near(prediction.decode_tps, 20.0, &prediction);
 }
 
 /// One probe per model at a time, fleet-wide: while one untried node is being tried, every
@@ -278,25 +285,14 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
 /// of its 26 unknown nodes at once (each a slow node's worth of waiting for a client).
 #[test]
 fn while_one_untried_node_is_probed_the_others_are_typical() {
-    let mut f = fleet(vec![
+    let f = fleet_of_4_seats(vec![
         node("known", vec![loaded("m", 5.0)]),
         node("slow", vec![loaded("m", 5.0)]),
         node("fresh-a", vec![loaded("m", 5.0)]),
         node("fresh-b", vec![loaded("m", 5.0)]),
     ]);
-    for n in &mut f.nodes {
-        n.seats = 4;
-        n.bandwidth_gbps = None;
-    }
     let r = req(&["m"], 1_000);
-    let busy = Rates {
-        decode_spt_per_stream: Some(0.005),
-        ..seen(100.0)
-    };
-    let loads = TableLoads::default()
-        .rated(0, "m", busy)
-        .with(0, "m", queue(2, 0))
-        .rated(1, "m", seen(20.0));
+    let loads = known_busy_and_slow();
     // Nothing being probed: an untried node is predicted with the best rates and wins.
     let d = at(&r, &f, &loads);
     assert!(d.winner().unwrap().node_id.starts_with("fresh"), "{d:?}");
@@ -304,14 +300,9 @@ fn while_one_untried_node_is_probed_the_others_are_typical() {
     let probing = loads.clone().with(2, "m", queue(1, 0));
     let d = at(&r, &f, &probing);
     assert_eq!(d.winner().unwrap().node_id, "known");
-    let Verdict::Predicted { prediction } = d.table[3].verdict else {
-        panic!("fresh-b predicted")
-    };
+    let prediction = predicted(&d, 3);
     let mean_spt = (0.01 + 0.05) / 2.0;
-    assert!(
-        (prediction.decode_tps - 1.0 / mean_spt).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    assert_near(prediction.decode_tps, 1.0 / mean_spt, &prediction);
     // fresh-a answered: fresh-b may be tried next.
     let answered = loads.clone().rated(2, "m", seen(20.0));
     let d = at(&r, &f, &answered);
@@ -323,15 +314,11 @@ fn while_one_untried_node_is_probed_the_others_are_typical() {
 /// 32-node bench the fast boxes, busy with the big model, were the last tried for the small).
 #[test]
 fn a_node_fast_on_another_model_is_tried_first() {
-    let mut f = fleet(vec![
+    let f = fleet_of_4_seats(vec![
         node("unknown", vec![loaded("small", 2.0)]),
         node("mid", vec![loaded("small", 2.0)]),
         node("fast", vec![loaded("small", 2.0), loaded("big", 40.0)]),
     ]);
-    for n in &mut f.nodes {
-        n.seats = 4;
-        n.bandwidth_gbps = None;
-    }
     let r = req(&["small"], 500);
     let loads = TableLoads::default()
         .rated(1, "small", seen(100.0))
@@ -339,13 +326,8 @@ fn a_node_fast_on_another_model_is_tried_first() {
         .with(2, "big", queue(1, 0));
     let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node_id, "fast", "{:#?}", d.table);
-    let Verdict::Predicted { prediction } = d.table[2].verdict else {
-        panic!("fast predicted")
-    };
-    assert!(
-        (prediction.decode_tps - 200.0).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    let prediction = predicted(&d, 2);
+    assert_near(prediction.decode_tps, 200.0, &prediction);
     // The unknown node being probed does not hold the fast one back.
     let probing = loads.clone().with(0, "small", queue(1, 0));
     assert_eq!(at(&r, &f, &probing).winner().unwrap().node_id, "fast");
@@ -354,13 +336,8 @@ fn a_node_fast_on_another_model_is_tried_first() {
         .rated(1, "small", seen(100.0))
         .with(2, "big", queue(1, 0));
     let d = at(&r, &f, &blind);
-    let Verdict::Predicted { prediction } = d.table[2].verdict else {
-        panic!("fast predicted")
-    };
-    assert!(
-        (prediction.decode_tps - 100.0).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    let prediction = predicted(&d, 2);
+    assert_near(prediction.decode_tps, 100.0, &prediction);
 }
 
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
@@ -369,14 +346,10 @@ fn a_node_fast_on_another_model_is_tried_first() {
 /// 12x slower at prefill than it is and never got the prompts that would have shown it.
 #[test]
 fn a_prefill_rate_not_measured_yet_is_the_peers_typical_one() {
-    let mut f = fleet(vec![
+    let f = fleet_of_4_seats(vec![
         node("measured", vec![loaded("m", 5.0)]),
         node("short-only", vec![loaded("m", 5.0)]),
     ]);
-    for n in &mut f.nodes {
-        n.seats = 4;
-        n.bandwidth_gbps = None;
-    }
     let r = req(&["m"], 4_000);
     let short_only = Rates {
         prefill_tps: None,
@@ -394,13 +367,9 @@ fn a_prefill_rate_not_measured_yet_is_the_peers_typical_one() {
         .with(0, "m", queue(2, 0))
         .rated(1, "m", short_only);
     let d = at(&r, &f, &loads);
-    let Verdict::Predicted { prediction } = d.table[1].verdict else {
-        panic!("short-only predicted")
-    };
-    assert!(
-        (prediction.prefill_tps - 50_000.0).abs() < 1e-9,
-        "the measured node's rate: {prediction:?}"
-    );
+    let prediction = predicted(&d, 1);
+    // The measured node's rate.
+    assert_near(prediction.prefill_tps, 50_000.0, &prediction);
     assert_eq!(
         d.winner().unwrap().node_id,
         "short-only",
@@ -409,13 +378,8 @@ fn a_prefill_rate_not_measured_yet_is_the_peers_typical_one() {
     // No peer measured it either: the prior.
     let alone = TableLoads::default().rated(1, "m", short_only);
     let d = at(&r, &f, &alone);
-    let Verdict::Predicted { prediction } = d.table[1].verdict else {
-        panic!("short-only predicted")
-    };
-    assert!(
-        (prediction.prefill_tps - 20.0 * 200.0).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    let prediction = predicted(&d, 1);
+    assert_near(prediction.prefill_tps, 20.0 * 200.0, &prediction);
 }
 
 /// A node seen at one concurrency only does not look contention-free: it borrows what each
@@ -448,14 +412,9 @@ fn contention_not_yet_seen_on_a_node_is_borrowed_from_its_peers() {
         .with(1, "m", queue(3, 0));
     let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node_id, "measured");
-    let Verdict::Predicted { prediction } = d.table[1].verdict else {
-        panic!("unmeasured predicted")
-    };
+    let prediction = predicted(&d, 1);
     // 4 streams there: 10 ms + 3 x 5 ms per token.
-    assert!(
-        (prediction.decode_tps - 1.0 / 0.025).abs() < 1e-9,
-        "{prediction:?}"
-    );
+    assert_near(prediction.decode_tps, 1.0 / 0.025, &prediction);
     // A measured zero stays zero (a node that batches for free).
     let free = loads.clone().rated(
         1,

@@ -121,6 +121,8 @@ fn decide_once(
 
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
+        // What the node has shown on its models, read once for all its untried pairs.
+        let mut shown: Option<Option<Rates>> = None;
         let provisional = node.tier == Tier::Provisional;
         if provisional && node_in_flight > 0 {
             provisional_in_use += 1;
@@ -187,7 +189,7 @@ fn decide_once(
                                 rates: own,
                                 peer: peers[pos],
                                 node_best: if own.observed == 0 {
-                                    node_best(node, idx, loads)
+                                    *shown.get_or_insert_with(|| node_best(node, idx, loads))
                                 } else {
                                     None
                                 },
@@ -409,8 +411,9 @@ fn add_session_affinity(
     }
 }
 
-/// The fastest prefill and decode node `idx` has shown on any of its models (None when it has
-/// served none): how a pair it has not served yet is at least expected to do.
+/// The fastest prefill and decode node `idx` has shown on any of its models (only those two
+/// rates set; None when it has served none): how a pair it has not served yet is at least
+/// expected to do.
 fn node_best(node: &super::types::NodeView, idx: usize, loads: &dyn Loads) -> Option<Rates> {
     let mut best: Option<Rates> = None;
     for m in &node.models {
@@ -421,7 +424,6 @@ fn node_best(node: &super::types::NodeView, idx: usize, loads: &dyn Loads) -> Op
         let b = best.get_or_insert(Rates::default());
         b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
         b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
-        b.observed = b.observed.saturating_add(r.observed);
     }
     best
 }

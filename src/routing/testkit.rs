@@ -23,8 +23,7 @@ impl TableLoads {
         self
     }
 
-    /// Learned rates for node `idx`'s `model`.
-    /// The pair's rates (replacing any given before).
+    /// Learned rates for node `idx`'s `model` (replacing any given before).
     pub fn rated(mut self, idx: usize, model: &str, rates: Rates) -> Self {
         self.rates.retain(|(n, m, _)| !(*n == idx && m == model));
         self.rates.push((idx, model.to_string(), rates));
