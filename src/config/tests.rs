@@ -159,3 +159,12 @@ fn models_resolve_section() {
     let unknown = format!("{base}models:\n  resolve:\n    medium: {{match: [\"x\"]}}\n");
     assert!(Config::from_yaml(&unknown).is_err());
 }
+
+#[test]
+fn work_stealing_is_off_unless_asked_for() {
+    let c = validate(Config::parse(MINIMAL).unwrap()).unwrap();
+    assert!(!c.work_stealing);
+    let yaml = format!("server:\n  work_stealing: true\n{MINIMAL}");
+    let c = validate(Config::parse(&yaml).unwrap()).unwrap();
+    assert!(c.work_stealing);
+}

@@ -62,12 +62,13 @@ impl ModelCal {
                 .iter()
                 .map(|s| s.tokens - s.chars * rate)
                 .collect();
-            rest.sort_by(f64::total_cmp);
-            overhead = rest
-                .get(rest.len() / 2)
-                .copied()
-                .unwrap_or(0.0)
-                .clamp(0.0, MAX_OVERHEAD);
+            let mid = rest.len() / 2;
+            overhead = if rest.is_empty() {
+                0.0
+            } else {
+                *rest.select_nth_unstable_by(mid, f64::total_cmp).1
+            }
+            .clamp(0.0, MAX_OVERHEAD);
         }
         self.cpt = cpt;
         self.overhead = overhead;
@@ -129,7 +130,10 @@ impl Calibration {
         let default = sane(default);
         let tokens = f64::from(prompt_tokens.saturating_sub(fixed_tokens));
         let mut map = self.by_model.write();
-        let c = map.entry(model.to_string()).or_default();
+        if !map.contains_key(model) {
+            map.insert(model.to_string(), ModelCal::default());
+        }
+        let c = map.get_mut(model)?;
         if c.samples.len() == WINDOW {
             c.samples.pop_front();
         }

@@ -37,6 +37,10 @@ impl Fleet {
                 running.admin_listen != new.admin_listen,
             ),
             ("server.threads", running.threads != new.threads),
+            (
+                "server.work_stealing",
+                running.work_stealing != new.work_stealing,
+            ),
         ] {
             if differs {
                 report.restart_needed.push(field);
