@@ -353,7 +353,14 @@ fn sim_faults_switch_over_its_http_control_api() {
     rt.block_on(async {
         let c = client();
         let base = format!("http://{}", h.addr());
-        let set = |body: Value| c.post(format!("{base}/_sim/fault")).json(&body).send();
+        // Switches go on a fresh connection each: the pooled one may be the one a cut reply
+        // left broken.
+        let set = |body: Value| {
+            client()
+                .post(format!("{base}/_sim/fault"))
+                .json(&body)
+                .send()
+        };
         let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]});
         for fault in ["cut_length", "cut_chunked"] {
             let r = set(json!({"fault": fault})).await.unwrap();
@@ -369,8 +376,9 @@ fn sim_faults_switch_over_its_http_control_api() {
         }
         let r = set(json!({"fault": "slow_first_byte"})).await.unwrap();
         assert_eq!(r.status(), 400, "ms is required");
-        set(json!({"fault": "none"})).await.unwrap();
-        let now: Value = c
+        let r = set(json!({"fault": "none"})).await.unwrap();
+        assert_eq!(r.status(), 200);
+        let now: Value = client()
             .get(format!("{base}/_sim/fault"))
             .send()
             .await

@@ -151,8 +151,12 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
             assert_eq!(r.status(), 200);
             nodes.push(r.headers()["x-fleet-node"].to_str().unwrap().to_string());
         }
-        nodes.sort();
-        assert_eq!(nodes, ["pw-a", "pw-a", "pw-a", "pw-b", "pw-b", "pw-b"]);
+        // The first stays on pw-a; the three moved are pw-b's. Of the two left waiting at
+        // pw-a, a rebalance tick before the release may move more: pw-b, warm and idle, would
+        // finish them sooner than pw-a, still held (timing, not a miscount).
+        assert_eq!(nodes[0], "pw-a");
+        let on_b = nodes.iter().filter(|n| *n == "pw-b").count();
+        assert!((3..=5).contains(&on_b), "{nodes:?}");
         let metrics = metrics(&gw).await;
         assert!(
             metrics.contains(r#"fleetgate_queue_prewarms_total{model="m:7b",node="pw-b"} 1"#),
