@@ -91,8 +91,8 @@ pub fn prepare_with(config: Config, upgrade: bool) -> Result<Prepared, StartErro
 
     let conf = ServerConf {
         threads: config.threads,
-        // Off by default: measured with benches/sidebyside, c=1 rps +14-22 %, c=32 even
-        // (a request's subrequest task and its pipe wake-ups stay on the connection's thread).
+        // `false` measured faster at c=1 (benches/README.md, stop 21) but is not the default:
+        // a gateway started after another in one process once spun in its accept loop.
         work_stealing: config.work_stealing,
         upgrade_sock: config.upgrade_sock.clone(),
         // `services::shutdown::Drain` ends what is left at the grace period; Pingora's own

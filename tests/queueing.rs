@@ -162,9 +162,13 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
             metrics.contains(r#"fleetgate_queue_prewarms_total{model="m:7b",node="pw-b"} 1"#),
             "{metrics}"
         );
-        assert!(metrics.contains(
-            r#"fleetgate_queue_rebalance_moves_total{from="pw-a",model="m:7b",to="pw-b"} 3"#
-        ));
+        let key = r#"fleetgate_queue_rebalance_moves_total{from="pw-a",model="m:7b",to="pw-b"} "#;
+        let moves: usize = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        assert!((3..=on_b).contains(&moves), "{moves} moves, {on_b} on pw-b");
     });
 }
 

@@ -62,7 +62,8 @@ pub struct ServerFile {
     pub admin_listen: String,
     pub threads: usize,
     /// Tokio work stealing between the proxy's worker threads (off: each connection, its
-    /// tasks and its wake-ups stay on one thread, as in nginx's workers).
+    /// tasks and its wake-ups stay on one thread, as in nginx's workers; faster at c=1, but
+    /// see conf/fleetgate.yaml before turning it off).
     pub work_stealing: bool,
     pub admin_token: Option<String>,
     pub grace_period_s: u64,
@@ -76,7 +77,7 @@ impl Default for ServerFile {
             listen: "0.0.0.0:8080".into(),
             admin_listen: "127.0.0.1:9090".into(),
             threads: 2,
-            work_stealing: false,
+            work_stealing: true,
             admin_token: None,
             grace_period_s: 30,
             upgrade_sock: "/tmp/fleetgate_upgrade.sock".into(),

@@ -161,10 +161,10 @@ fn models_resolve_section() {
 }
 
 #[test]
-fn work_stealing_is_off_unless_asked_for() {
+fn work_stealing_is_on_unless_turned_off() {
     let c = validate(Config::parse(MINIMAL).unwrap()).unwrap();
-    assert!(!c.work_stealing);
-    let yaml = format!("server:\n  work_stealing: true\n{MINIMAL}");
-    let c = validate(Config::parse(&yaml).unwrap()).unwrap();
     assert!(c.work_stealing);
+    let yaml = format!("server:\n  work_stealing: false\n{MINIMAL}");
+    let c = validate(Config::parse(&yaml).unwrap()).unwrap();
+    assert!(!c.work_stealing);
 }

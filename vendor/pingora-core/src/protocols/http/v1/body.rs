@@ -1346,6 +1346,12 @@ impl BodyWriter {
         matches!(self.body_mode, BM::UntilClose(_))
     }
 
+    /// fleetgate patch: a Content-Length body with bytes still to write (its last write
+    /// flushes the stream).
+    pub fn pending_content_length(&self) -> bool {
+        matches!(self.body_mode, BM::ContentLength(total, written) if written < total)
+    }
+
     async fn do_write_body<S>(&mut self, stream: &mut S, buf: &[u8]) -> Result<Option<usize>>
     where
         S: AsyncWrite + Unpin + Send,
