@@ -1,5 +1,5 @@
 //! The floor under fleetgate's hot path: a Pingora proxy that does nothing but forward to one
-//! node, with the same server settings. Run by the side-by-side bench as an extra gateway:
+//! node (2 threads, Pingora's no-steal runtime; `BARE_STEAL=1` for work stealing). Run by the side-by-side bench as an extra gateway:
 //! `FLEETGATE_BENCH_EXTRA=bare=target/release/examples/bare_proxy cargo bench --bench sidebyside`
 //! (it reads `listen:` and the first node `url:` from the fleetgate config it is given).
 
