@@ -229,15 +229,6 @@ where
         stream.set_keepalive(ka)?;
     }
     stream.set_nodelay()?;
-    // fleetgate patch: a write buffer on node connections, so a request header and a small body
-    // leave in one segment (`HttpSession::write_request_header` leaves the header unflushed when
-    // a Content-Length body follows). Reads stay unbuffered, as before; TLS peers unchanged.
-    if !peer.tls() {
-        stream.set_buffer(crate::protocols::l4::stream::L4BufferSettings::new(
-            0,
-            UPSTREAM_WRITE_BUFFER,
-        ));
-    }
 
     #[cfg(unix)]
     let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
@@ -257,9 +248,6 @@ where
 
     Ok(stream)
 }
-
-/// fleetgate patch: header plus body up to this size leave in one write.
-const UPSTREAM_WRITE_BUFFER: usize = 16 * 1024;
 
 pub(crate) fn bind_to_random<P: Peer>(
     peer: &P,

@@ -1346,10 +1346,40 @@ impl BodyWriter {
         matches!(self.body_mode, BM::UntilClose(_))
     }
 
-    /// fleetgate patch: a Content-Length body with bytes still to write (its last write
-    /// flushes the stream).
-    pub fn pending_content_length(&self) -> bool {
-        matches!(self.body_mode, BM::ContentLength(total, written) if written < total)
+    /// fleetgate patch: a Content-Length body of 1 to `max` bytes, none written yet.
+    pub fn pending_content_length_at_most(&self, max: usize) -> bool {
+        matches!(self.body_mode, BM::ContentLength(total, 0) if total > 0 && total <= max)
+    }
+
+    /// fleetgate patch: write `prefix` (a held-back request header) and then `buf` as body, in
+    /// one write; `prefix` does not count towards the Content-Length.
+    pub async fn write_body_after<S>(
+        &mut self,
+        stream: &mut S,
+        prefix: &[u8],
+        buf: &[u8],
+    ) -> Result<Option<usize>>
+    where
+        S: AsyncWrite + Unpin + Send,
+    {
+        let BM::ContentLength(total, written) = self.body_mode else {
+            stream
+                .write_all(prefix)
+                .await
+                .or_err(WriteError, "while writing request headers")?;
+            return self.write_body(stream, buf).await;
+        };
+        let to_write = buf.len().min(total - written);
+        let mut out = Vec::with_capacity(prefix.len() + to_write);
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(&buf[..to_write]);
+        stream
+            .write_all(&out)
+            .await
+            .or_err(WriteError, "while writing body")?;
+        self.body_mode = BM::ContentLength(total, written + to_write);
+        stream.flush().await.or_err(WriteError, "flushing body")?;
+        Ok(Some(to_write))
     }
 
     async fn do_write_body<S>(&mut self, stream: &mut S, buf: &[u8]) -> Result<Option<usize>>

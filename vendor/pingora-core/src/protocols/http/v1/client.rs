@@ -67,7 +67,13 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    /// fleetgate patch: the request header, held back to leave with the first body write.
+    held_header: Option<BytesMut>,
 }
+
+/// fleetgate patch: a request whose Content-Length body is at most this long leaves with its
+/// header in one write.
+const HOLD_HEADER_FOR_BODY: usize = 64 * 1024;
 
 /// HTTP 1.x client session
 impl HttpSession {
@@ -100,6 +106,7 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            held_header: None,
         }
     }
 
@@ -130,6 +137,18 @@ impl HttpSession {
         })?;
         trace!("Writing request header: {to_wire:?}");
 
+        // fleetgate patch: a Content-Length body follows (no `Expect`, which waits for the
+        // server's 100 first): the header waits and leaves with the body's first write, one
+        // segment and one wake-up at the server instead of two.
+        if self.body_writer.pending_content_length_at_most(HOLD_HEADER_FOR_BODY)
+            && !req.headers.contains_key(http::header::EXPECT)
+        {
+            let len = to_wire.len();
+            self.held_header = Some(to_wire);
+            self.request_written = Some(req);
+            return Ok(len);
+        }
+
         let write_fut = self.underlying_stream.write_all(to_wire.as_ref());
         match self.write_timeout {
             Some(t) => match timeout(t, write_fut).await {
@@ -145,15 +164,10 @@ impl HttpSession {
             _ => Error::because(WriteError, "while writing request headers", e),
         })?;
 
-        // fleetgate patch: a Content-Length body follows, and its last write flushes: the header
-        // waits in the stream's write buffer so a small request goes out in one segment (one
-        // `sendto`, one wake-up at the server) instead of two.
-        if !self.body_writer.pending_content_length() {
-            self.underlying_stream
-                .flush()
-                .await
-                .or_err(WriteError, "flushing request header")?;
-        }
+        self.underlying_stream
+            .flush()
+            .await
+            .or_err(WriteError, "flushing request header")?;
 
         // write was successful
         self.request_written = Some(req);
@@ -161,16 +175,39 @@ impl HttpSession {
     }
 
     async fn do_write_body(&mut self, buf: &[u8]) -> Result<Option<usize>> {
-        let written = self
-            .body_writer
-            .write_body(&mut self.underlying_stream, buf)
-            .await;
+        let written = match self.held_header.take() {
+            Some(header) => {
+                self.body_writer
+                    .write_body_after(&mut self.underlying_stream, &header, buf)
+                    .await
+            }
+            None => {
+                self.body_writer
+                    .write_body(&mut self.underlying_stream, buf)
+                    .await
+            }
+        };
 
         if let Ok(Some(num_bytes)) = written {
             self.bytes_sent += num_bytes;
         }
 
         written
+    }
+
+    /// fleetgate patch: send a held-back request header now.
+    async fn flush_held_header(&mut self) -> Result<()> {
+        if let Some(header) = self.held_header.take() {
+            self.underlying_stream
+                .write_all(&header)
+                .await
+                .or_err(WriteError, "while writing request headers")?;
+            self.underlying_stream
+                .flush()
+                .await
+                .or_err(WriteError, "flushing request header")?;
+        }
+        Ok(())
     }
 
     /// Write request body. Return Ok(None) if no more body should be written, either due to
@@ -196,6 +233,8 @@ impl HttpSession {
     /// Flush local buffer and notify the server by sending the last chunk if chunked encoding is
     /// used.
     pub async fn finish_body(&mut self) -> Result<Option<usize>> {
+        // fleetgate patch: a body that never came (cut short) still needs its header sent.
+        self.flush_held_header().await?;
         let res = self.body_writer.finish(&mut self.underlying_stream).await?;
         self.underlying_stream
             .flush()
