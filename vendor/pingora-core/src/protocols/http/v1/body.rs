@@ -1352,7 +1352,8 @@ impl BodyWriter {
     }
 
     /// fleetgate patch: write `prefix` (a held-back request header) and then `buf` as body, in
-    /// one write; `prefix` does not count towards the Content-Length.
+    /// one write; `prefix` does not count towards the Content-Length. Only for a Content-Length
+    /// body (`pending_content_length_at_most` said so when the header was held).
     pub async fn write_body_after<S>(
         &mut self,
         stream: &mut S,
@@ -1362,27 +1363,22 @@ impl BodyWriter {
     where
         S: AsyncWrite + Unpin + Send,
     {
-        let BM::ContentLength(total, written) = self.body_mode else {
-            stream
-                .write_all(prefix)
-                .await
-                .or_err(WriteError, "while writing request headers")?;
-            return self.write_body(stream, buf).await;
-        };
-        let to_write = buf.len().min(total - written);
-        let mut out = Vec::with_capacity(prefix.len() + to_write);
-        out.extend_from_slice(prefix);
-        out.extend_from_slice(&buf[..to_write]);
-        stream
-            .write_all(&out)
-            .await
-            .or_err(WriteError, "while writing body")?;
-        self.body_mode = BM::ContentLength(total, written + to_write);
-        stream.flush().await.or_err(WriteError, "flushing body")?;
-        Ok(Some(to_write))
+        self.write_cl_body(stream, prefix, buf).await
     }
 
     async fn do_write_body<S>(&mut self, stream: &mut S, buf: &[u8]) -> Result<Option<usize>>
+    where
+        S: AsyncWrite + Unpin + Send,
+    {
+        self.write_cl_body(stream, &[], buf).await
+    }
+
+    async fn write_cl_body<S>(
+        &mut self,
+        stream: &mut S,
+        prefix: &[u8],
+        buf: &[u8],
+    ) -> Result<Option<usize>>
     where
         S: AsyncWrite + Unpin + Send,
     {
@@ -1398,11 +1394,18 @@ impl BodyWriter {
                 } else {
                     to_write = buf.len();
                 }
-                let res = stream.write_all(&buf[..to_write]).await;
+                let res = if prefix.is_empty() {
+                    stream.write_all(&buf[..to_write]).await
+                } else {
+                    let mut out = Vec::with_capacity(prefix.len() + to_write);
+                    out.extend_from_slice(prefix);
+                    out.extend_from_slice(&buf[..to_write]);
+                    stream.write_all(&out).await
+                };
                 match res {
                     Ok(()) => {
                         self.body_mode = BM::ContentLength(total, written + to_write);
-                        if self.finished() {
+                        if self.finished() || !prefix.is_empty() {
                             stream.flush().await.or_err(WriteError, "flushing body")?;
                         }
                         Ok(Some(to_write))
