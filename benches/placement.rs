@@ -79,6 +79,9 @@ fn main() {
     if !common::benchmarking() {
         return;
     }
+    // Silent unless asked: `RUST_LOG=fleetgate::decisions=debug` prints every candidate's
+    // predicted terms (what to read when completion mode sends a request somewhere odd).
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off")).init();
     let a = args();
     println!(
         "placement bench ({} build), {} run(s) per scenario",

@@ -157,7 +157,7 @@ impl<'a> Report<'a> {
 /// Column titles of completion mode's table: the terms (seconds), then the rates behind them.
 fn completion_header() -> String {
     format!(
-        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>7} {:>7} {:>5}\n",
+        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>8} {:>7} {:>7} {:>5}\n",
         "node",
         "model",
         "total_s",
@@ -167,6 +167,7 @@ fn completion_header() -> String {
         "decode",
         "ahead",
         "cached",
+        "pf_queue",
         "pf_tok/s",
         "tok/s",
         "svc_s",
@@ -176,7 +177,7 @@ fn completion_header() -> String {
 
 fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
     format!(
-        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8.0} {:>7.1} {:>7.2} {:>4}{}\n",
+        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>7.2} {:>4}{}\n",
         node,
         model,
         p.total_s,
@@ -186,6 +187,7 @@ fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
         p.decode_s,
         p.ahead,
         p.cached_tokens,
+        p.prefill_queue_tokens,
         p.prefill_tps,
         p.decode_tps,
         p.service_s,

@@ -40,13 +40,17 @@ pub use state::Control;
 use view::{next_due, node_view, ViewParams};
 
 use crate::config::{Config, NodeConfig};
-use crate::routing::{FleetView, Health, Loads, ModelLoad, ModelView, NodeView, Rates};
+use crate::routing::{
+    FleetView, Health, Loads, ModelLoad, ModelView, NodeView, PrefillLoad, Rates,
+};
 use crate::services::now_ms;
 
 /// Live state of one node.
 #[derive(Debug, Default)]
 pub struct NodeState {
     pub in_flight: AtomicU32,
+    /// What was sent to the node and is still before its first byte.
+    pub prefill: crate::queue::prefill::PrefillQueue,
     /// Most requests in flight on the node across its models (spec 003 hard cap).
     hard_cap: AtomicU32,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
@@ -474,6 +478,13 @@ impl Loads for Fleet {
             .load()
             .get(node)
             .map_or(0, |n| n.in_flight.load(Ordering::Relaxed))
+    }
+
+    fn node_prefilling(&self, node: usize) -> PrefillLoad {
+        self.nodes
+            .load()
+            .get(node)
+            .map_or_else(PrefillLoad::default, |n| n.prefill.load())
     }
 
     fn model(&self, node: usize, model: &str) -> ModelLoad {

@@ -70,6 +70,9 @@ struct Line {
     sy: f64,
     sxx: f64,
     sxy: f64,
+    /// For the residual (absent from state written before it: read as 0).
+    #[serde(default)]
+    syy: f64,
     at_ms: u64,
 }
 
@@ -89,7 +92,21 @@ impl Line {
         self.sy = keep * self.sy + a * y;
         self.sxx = keep * self.sxx + a * x * x;
         self.sxy = keep * self.sxy + a * x * y;
+        self.syy = keep * self.syy + a * y * y;
         self.at_ms = now_ms;
+    }
+
+    /// Weighted mean squared distance of the observations from the fitted line (`None`
+    /// without spread along x): what tells two explanations of the same `y` apart.
+    fn residual(&self) -> Option<f64> {
+        if self.w <= 0.0 {
+            return None;
+        }
+        let (mx, my) = (self.sx / self.w, self.sy / self.w);
+        let var = self.sxx / self.w - mx * mx;
+        let cov = self.sxy / self.w - mx * my;
+        let var_y = self.syy / self.w - my * my;
+        (var > 0.0).then(|| (var_y - cov * cov / var).max(0.0))
     }
 
     /// (a, b) of `y = a + b x`, and whether the slope was read off observations that spread
@@ -135,6 +152,10 @@ pub struct Observation {
     /// Prompt tokens the node evaluated (its count, else the estimate minus the cached part;
     /// 0 when that is a guess, and then no prefill rate is learned from the response).
     pub prompt_tokens: u32,
+    /// Seconds from this request's send to the first byte of the one sent just before it on
+    /// the node (`queue::prefill`; `None`: nobody was ahead): the wait before its own prefill
+    /// if the node prefills one prompt at a time.
+    pub prefill_ahead_s: Option<f64>,
     pub output_tokens: Option<u32>,
     /// What the backend reports (Ollama `prompt_eval_duration`, `eval_duration`,
     /// `load_duration`), seconds.
@@ -154,6 +175,14 @@ pub struct Observation {
 pub struct PairRates {
     /// TTFT (s) against evaluated prompt tokens.
     prefill: Line,
+    /// The same TTFTs less `prefill_ahead_s`, against the same tokens: the line that fits
+    /// better says whether the node prefills one prompt at a time (this one) or each seat on
+    /// its own.
+    #[serde(default)]
+    prefill_queued: Line,
+    /// Responses that had a request ahead (what tells the two lines apart).
+    #[serde(default)]
+    queued_seen: u32,
     /// Seconds per output token against streams - 1.
     decode: Line,
     load: Mean,
@@ -173,9 +202,15 @@ impl PairRates {
             self.output.add(f64::from(out), now);
         }
         let tokens = f64::from(o.prompt_tokens);
-        let prefill_est = before
-            .prefill_tps
-            .map_or(0.0, |tps| before.prefill_overhead_s + tokens / tps);
+        let ahead_s = o.prefill_ahead_s.filter(|a| usable(*a)).unwrap_or(0.0);
+        let queued_s = if before.prefill_shared == Some(true) {
+            ahead_s
+        } else {
+            0.0
+        };
+        let prefill_est = before.prefill_tps.map_or(0.0, |tps| {
+            queued_s + before.prefill_overhead_s + tokens / tps
+        });
         // Time to first token splits into load (cold) and prefill.
         let first = o.ttft_s.filter(|t| usable(*t));
         let load = if o.cold {
@@ -224,6 +259,10 @@ impl PairRates {
         }
         if let Some(p) = prefill_s.filter(|_| o.prompt_tokens > 0) {
             self.prefill.add(tokens, p, now);
+            self.prefill_queued.add(tokens, (p - ahead_s).max(0.0), now);
+            if ahead_s > 0.0 {
+                self.queued_seen = self.queued_seen.saturating_add(1);
+            }
         }
         if let (Some(n), Some(g)) = (out, gen_s.filter(|g| *g > 0.0)) {
             self.decode.add(streams, g / n, now);
@@ -234,11 +273,25 @@ impl PairRates {
 
     /// What routing reads.
     pub fn rates(&self) -> Rates {
-        let prefill = self.prefill.fit(0.2, true);
+        // Queued only when the prompts ahead explain the TTFTs strictly better: with nothing
+        // ever ahead the two lines are the same, and each seat prefills on its own.
+        let queued_fit = self.prefill_queued.fit(0.2, true);
+        let shared = matches!(queued_fit, Some((_, b, true)) if b > 0.0)
+            && match (self.prefill_queued.residual(), self.prefill.residual()) {
+                (Some(q), Some(own)) => q < own,
+                _ => false,
+            };
+        let prefill = if shared {
+            queued_fit
+        } else {
+            self.prefill.fit(0.2, true)
+        };
         let decode = self.decode.fit(0.2, false);
         Rates {
             prefill_tps: prefill.and_then(|(_, b, _)| (b > 0.0).then(|| 1.0 / b)),
             prefill_overhead_s: prefill.map_or(0.0, |(a, _, _)| a),
+            prefill_floor: prefill.is_some_and(|(_, b, spread)| b > 0.0 && !spread),
+            prefill_shared: (self.queued_seen > 0).then_some(shared),
             decode_spt: decode.map(|(a, _, _)| a).filter(|a| *a > 0.0),
             // Seen only at one concurrency: the cost of further streams is not known yet.
             decode_spt_per_stream: decode.and_then(|(_, b, spread)| spread.then_some(b)),
@@ -380,6 +433,55 @@ mod tests {
         );
         assert!(within(tps1, 20.0, 0.10), "decode {tps1} vs 20: {r:?}");
         assert_eq!(r.observed, 40);
+    }
+
+    /// A node that prefills one prompt at a time: TTFT is the wait for the request ahead plus
+    /// its own prefill. One that prefills each seat on its own, with the same waits measured:
+    /// its own only.
+    #[test]
+    fn tells_a_node_that_prefills_one_at_a_time_from_one_that_does_not() {
+        let prompts = [400u32, 2_500, 900, 4_000, 1_600, 7_000];
+        let aheads = [
+            None,
+            Some(1.5),
+            None,
+            Some(4.0),
+            Some(0.6),
+            Some(0.0),
+            Some(2.5),
+        ];
+        let (mut serial, mut parallel, mut alone) = (
+            PairRates::default(),
+            PairRates::default(),
+            PairRates::default(),
+        );
+        for i in 0..30usize {
+            let t = 1_000_000 + i as u64 * 1_000;
+            let (prompt, ahead) = (prompts[i % 6], aheads[i % 7]);
+            let own = response(t, prompt, 1, 2_000.0, 40.0, 0.0);
+            let extra = ahead.unwrap_or(0.0);
+            serial.observe(&Observation {
+                prefill_ahead_s: ahead,
+                ttft_s: own.ttft_s.map(|x| x + extra),
+                service_s: own.service_s + extra,
+                ..own
+            });
+            // On a node that does not queue, the one ahead answers while this one prefills.
+            parallel.observe(&Observation {
+                prefill_ahead_s: ahead.map(|a| a.min(own.ttft_s.unwrap() * 0.5)),
+                ..own
+            });
+            alone.observe(&own);
+        }
+        let r = serial.rates();
+        assert_eq!(r.prefill_shared, Some(true), "{r:?}");
+        assert!(within(r.prefill_tps.unwrap(), 2_000.0, 0.05), "{r:?}");
+        assert!(within(r.prefill_overhead_s, 0.05, 0.10), "{r:?}");
+        let r = parallel.rates();
+        assert_eq!(r.prefill_shared, Some(false), "{r:?}");
+        assert!(within(r.prefill_tps.unwrap(), 2_000.0, 0.05), "{r:?}");
+        // Nobody ever ahead: undecided (routing takes the fleet's majority meanwhile).
+        assert_eq!(alone.rates().prefill_shared, None);
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub struct Attempts {
     pub skipped: Vec<usize>,
     pub retries: u32,
     pub lease: Option<Lease>,
+    /// Seconds the current attempt waited for the request sent before it on the node to
+    /// answer (`queue::prefill`); set at its first byte.
+    pub prefill_ahead_s: Option<f64>,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -106,6 +109,22 @@ impl Dispatch {
         ids
     }
 
+    /// Count the current attempt's uncached prompt in its node's prefill queue (the part
+    /// credited as cached only on the node that holds it).
+    pub fn start_prefill(&self, st: &mut Attempts) {
+        let l = &self.learn;
+        let on_cached = l.cached_on.as_deref() == Some(self.ranked[st.current].node_id.as_str());
+        let tokens = if on_cached {
+            l.prompt_tokens.saturating_sub(l.cached_tokens)
+        } else {
+            l.prompt_tokens
+        };
+        st.prefill_ahead_s = None;
+        if let Some(lease) = st.lease.as_mut() {
+            lease.start_prefill(tokens, crate::services::now_ms());
+        }
+    }
+
     pub fn choice(&self) -> &Choice {
         let i = self.state.lock().current;
         &self.ranked[i]
@@ -128,6 +147,7 @@ impl Dispatch {
                     st.current = next;
                     st.retries += 1;
                     st.lease = Some(lease);
+                    self.start_prefill(&mut st);
                     return Some(next);
                 }
                 None => {

@@ -227,7 +227,7 @@ fn dispatch_for(
     };
     let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
     let body = xlate::request(ep, upstream, body)?;
-    Ok(Arc::new(Dispatch {
+    let d = Arc::new(Dispatch {
         endpoint: ep,
         upstream,
         requested_model: parsed.model.clone(),
@@ -247,7 +247,9 @@ fn dispatch_for(
             clamped_max_tokens: clamped,
             ..Attempts::default()
         }),
-    }))
+    });
+    d.start_prefill(&mut d.state.lock());
+    Ok(d)
 }
 
 /// The shutdown grace period ended with this request in flight: end a stream with the

@@ -273,6 +273,9 @@ impl ProxyHttp for Gateway {
             let mut st = d.state.lock();
             if st.first_byte.is_none() && !b.is_empty() {
                 st.first_byte = Some(Instant::now());
+                if let Some(lease) = st.lease.as_mut() {
+                    st.prefill_ahead_s = lease.first_byte(crate::services::now_ms());
+                }
             }
             st.body_bytes += b.len();
             st.last_activity = Some(Instant::now());

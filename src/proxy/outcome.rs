@@ -175,6 +175,7 @@ fn learn(
         });
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
+    let prefill_ahead_s = d.state.lock().prefill_ahead_s;
     let o = Observation {
         now_ms: now,
         cold: c.cold,
@@ -183,6 +184,7 @@ fn learn(
             .filter(|_| observed.chunks >= 2)
             .map(|fb| fb.duration_since(d.started).as_secs_f64()),
         prompt_tokens: if counted { evaluated.max(1) } else { 0 },
+        prefill_ahead_s,
         output_tokens: observed.output_tokens(),
         prompt_eval_s: secs(observed.prompt_eval_duration_ns),
         eval_s: secs(observed.eval_duration_ns),

@@ -6,6 +6,7 @@
 pub mod admission;
 mod board;
 pub mod fair;
+pub mod prefill;
 pub mod seats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,10 +43,13 @@ pub struct Lease {
     pub node: usize,
     node_state: Arc<NodeState>,
     pub counters: Arc<ModelCounters>,
+    /// Its place in the node's prefill queue, from its send to its first byte.
+    prefill: Option<prefill::Ticket>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        self.first_byte(crate::services::now_ms());
         self.node_state.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         pump(self.node, &self.node_state);
@@ -79,7 +83,22 @@ impl Lease {
             node,
             node_state: node_state.clone(),
             counters,
+            prefill: None,
         }
+    }
+
+    /// The request is sent with `tokens` to prefill: they are in the node's prefill queue
+    /// until [`Lease::first_byte`] (or the end).
+    pub fn start_prefill(&mut self, tokens: u32, now_ms: u64) {
+        self.first_byte(now_ms);
+        self.prefill = Some(self.node_state.prefill.enter(tokens, now_ms));
+    }
+
+    /// The node answered: the prompt is no longer ahead of anyone. Returns the seconds it
+    /// waited for the request sent before it on the node (see `prefill`).
+    pub fn first_byte(&mut self, now_ms: u64) -> Option<f64> {
+        let t = self.prefill.take()?;
+        self.node_state.prefill.leave(t, now_ms)
     }
 }
 

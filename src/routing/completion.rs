@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! total   = wait + load + prefill + decode
-//! wait    = ahead / seats x service          ahead = max(0, in_flight + pending + 1 - seats)
+//! wait    = max(ahead / seats x service,     ahead = max(0, in_flight + pending + 1 - seats)
+//!               queued / prefill_tps)        queued: prompt tokens the node was sent and has not
+//!                                            answered, less those done since the first could
+//!                                            start; only on a node learned to prefill one prompt
+//!                                            at a time (`Rates::prefill_shared`)
 //! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits)
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = spt1 + per_stream x (c - 1)
@@ -30,7 +34,7 @@
 use serde::Serialize;
 
 use super::policy::Policy;
-use super::types::{ModelLoad, ModelView, NodeView, Rates, RouteRequest};
+use super::types::{ModelLoad, ModelView, NodeView, PrefillLoad, Rates, RouteRequest};
 
 /// The predicted finish of one pair and the rates it came from (the explain row).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -46,6 +50,9 @@ pub struct Prediction {
     pub concurrency: u32,
     /// Prompt tokens taken as cached on this node.
     pub cached_tokens: u32,
+    /// Prompt tokens of earlier requests the node prefills before this one (in `wait_s`; 0
+    /// unless it was learned to prefill one prompt at a time).
+    pub prefill_queue_tokens: u64,
     pub output_tokens: f64,
     /// Rates used: prompt tokens/s, output tokens/s at `concurrency`, seat time per request.
     pub prefill_tps: f64,
@@ -63,6 +70,8 @@ pub(super) struct Input<'a> {
     pub model: &'a ModelView,
     pub load: ModelLoad,
     pub node_in_flight: u32,
+    /// Prompts sent to the node and not answered yet.
+    pub node_prefilling: PrefillLoad,
     pub rates: Rates,
     /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
     pub peer: Option<Peers>,
@@ -135,17 +144,36 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             (self.1 > 0).then(|| self.0 / f64::from(self.1))
         }
     }
-    let (mut prefill, mut spt, mut service, mut n) =
-        (Mean::default(), Mean::default(), Mean::default(), 0u32);
+    let (mut prefill, mut spt, mut service) = (Mean::default(), Mean::default(), Mean::default());
     let (mut contention, mut per_stream) = (Mean::default(), Mean::default());
-    let mut overhead = 0.0;
+    let mut overhead = Mean::default();
     let (mut output_sum, mut output_n) = (0.0, 0.0);
     let mut top: Option<Rates> = None;
+    let (mut shared, mut decided) = (0u32, 0u32);
+    // Floors (`Rates::prefill_floor`) count for the best rate (they are below the truth) and
+    // for the mean only when no pair measured one; their overhead (0 by construction) never.
+    let mut floor = Mean::default();
     for r in all.into_iter().filter(|r| r.observed > 0) {
-        prefill.add(r.prefill_tps);
+        if let Some(s) = r.prefill_shared {
+            shared += u32::from(s);
+            decided += 1;
+        }
+        if r.prefill_floor {
+            floor.add(r.prefill_tps);
+        } else {
+            prefill.add(r.prefill_tps);
+            overhead.add_any(r.prefill_overhead_s.max(0.0));
+        }
+        let r = Rates {
+            prefill_overhead_s: if r.prefill_floor {
+                f64::INFINITY
+            } else {
+                r.prefill_overhead_s
+            },
+            ..r
+        };
         spt.add(r.decode_spt);
         service.add(r.service_s);
-        overhead += r.prefill_overhead_s.max(0.0);
         per_stream.add(r.decode_spt_per_stream);
         if let Some(o) = positive(r.output_tokens) {
             output_sum += o * f64::from(r.observed);
@@ -155,7 +183,6 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             // A measured zero counts (a node that batches for free).
             contention.add_any(b.max(0.0) / a);
         }
-        n += 1;
         top = Some(match top {
             None => r,
             Some(a) => Rates {
@@ -175,7 +202,12 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         });
     }
     let top = top?;
+    // How the model's nodes prefill: as most of those that showed it do.
+    let prefill_shared = (decided > 0).then_some(shared * 2 > decided);
+    let measured = prefill.get().is_some();
     let strip = |r: Rates| Rates {
+        prefill_shared,
+        prefill_floor: !measured,
         load_s: None,
         observed: 0,
         last_ms: None,
@@ -184,8 +216,8 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     Some(Peers {
         best: strip(top),
         mean: strip(Rates {
-            prefill_tps: prefill.get(),
-            prefill_overhead_s: overhead / f64::from(n),
+            prefill_tps: prefill.get().or(floor.get()),
+            prefill_overhead_s: overhead.get().unwrap_or(0.0),
             decode_spt: spt.get(),
             decode_spt_per_stream: per_stream.get(),
             service_s: service.get(),
@@ -266,7 +298,25 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .map_or(0.0, |b| b.max(0.0));
     let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
     let spt = spt1 + per_stream * f64::from(concurrency - 1);
-    let prefill_tps = positive(r.prefill_tps)
+    // A floor (prompts of one length only: overhead taken as rate) is raised to the fastest
+    // rate a peer measured, with its overhead, until prompts of other lengths measure the pair:
+    // one short prompt's TTFT must not make a node look too slow for long ones.
+    let best = x
+        .peer
+        .map(|p| p.best)
+        .filter(|_| r.prefill_floor)
+        .and_then(|b| {
+            let overhead = if b.prefill_overhead_s.is_finite() {
+                b.prefill_overhead_s
+            } else {
+                r.prefill_overhead_s
+            };
+            Some((positive(b.prefill_tps)?, overhead))
+        })
+        .filter(|(tps, _)| positive(r.prefill_tps).is_some_and(|own| *tps > own));
+    let prefill_tps = best
+        .map(|(tps, _)| tps)
+        .or(positive(r.prefill_tps))
         .or(positive(x.node.prefill_tps))
         .or_else(|| typical.and_then(|t| positive(t.prefill_tps)))
         .unwrap_or(p.completion_prefill_per_decode / spt1);
@@ -277,8 +327,12 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         None => f64::from(p.wait_heuristic_output_tokens).min(cap),
     };
     let cached = cached.min(x.req.prompt_tokens);
-    let overhead = if r.prefill_overhead_s.is_finite() {
-        r.prefill_overhead_s.max(0.0)
+    let overhead = match best {
+        Some((_, o)) => o,
+        None => r.prefill_overhead_s,
+    };
+    let overhead = if overhead.is_finite() {
+        overhead.max(0.0)
     } else {
         0.0
     };
@@ -296,7 +350,24 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     }
     let depth = x.load.in_flight.saturating_add(x.load.pending);
     let ahead = depth.saturating_add(1).saturating_sub(seats);
-    let wait_s = f64::from(ahead) / f64::from(seats) * service_s;
+    // A node that prefills one prompt at a time does those sent before this one first (less
+    // what it has done of the first since it could start): this one's prefill starts once
+    // they are done and a seat is free, whichever is later.
+    let q = x.node_prefilling;
+    // Until a node shows otherwise, taken to prefill one prompt at a time: a GPU's prefill is
+    // compute-bound, two prompts at once take about as long as one after the other.
+    let shared = r
+        .prefill_shared
+        .or(x.peer.and_then(|p| p.best.prefill_shared))
+        .unwrap_or(true);
+    let prefill_queue_tokens = if shared && q.tokens > 0 {
+        let done = prefill_tps * x.now_ms.saturating_sub(q.head_ms) as f64 / 1000.0;
+        (q.tokens as f64 - done).max(0.0)
+    } else {
+        0.0
+    };
+    let seat_wait_s = f64::from(ahead) / f64::from(seats) * service_s;
+    let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
     let load_s = load_s(p, x);
     let total_s = wait_s + load_s + prefill_s + decode_s;
     Prediction {
@@ -312,6 +383,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         ahead,
         concurrency,
         cached_tokens: cached,
+        prefill_queue_tokens: prefill_queue_tokens.round() as u64,
         output_tokens,
         prefill_tps,
         decode_tps: 1.0 / spt,
@@ -358,6 +430,7 @@ mod tests {
             model: &node.models[0],
             load,
             node_in_flight: load.in_flight,
+            node_prefilling: PrefillLoad::default(),
             rates,
             peer: None,
             node_best: None,

@@ -470,3 +470,50 @@ fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
         }
     ));
 }
+
+/// Two equal nodes with a free seat each; node 0 has 20,000 prompt tokens sent and not yet
+/// answered. Learned to prefill one prompt at a time, node 0 does those first: the request
+/// goes to node 1. Learned to prefill each seat on its own, the queue costs nothing there.
+#[test]
+fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
+    let f = fleet_of_4_seats(vec![
+        node("a", vec![loaded("m", 4.0)]),
+        node("b", vec![loaded("m", 4.0)]),
+    ]);
+    let r = req(&["m"], 1_000);
+    for shared in [true, false] {
+        let rates = Rates {
+            prefill_shared: Some(shared),
+            ..seen(100.0)
+        };
+        let mut loads = TableLoads::default()
+            .rated(0, "m", rates)
+            .rated(1, "m", rates)
+            .with(0, "m", queue(1, 0));
+        // Sent at 999.5 s, none started (a first byte at 1,000 s): all 20,000 ahead.
+        loads.prefilling = vec![
+            PrefillLoad {
+                tokens: 20_000,
+                head_ms: 1_000_000,
+            },
+            PrefillLoad::default(),
+        ];
+        let d = at(&r, &f, &loads);
+        let p = predicted(&d, 0);
+        if shared {
+            assert_eq!(p.prefill_queue_tokens, 20_000);
+            // 20,000 tokens ahead at 2,000 tokens/s, then its own 1,000.
+            assert_near(p.wait_s, 10.0, &p);
+            assert_near(p.prefill_s, 0.5, &p);
+            assert_eq!(d.winner().unwrap().node_id, "b", "{:?}", d.table);
+            // Half a second after it could start, 1,000 of them are done.
+            loads.prefilling[0].head_ms = 999_500;
+            let p = predicted(&at(&r, &f, &loads), 0);
+            assert_eq!(p.prefill_queue_tokens, 19_000);
+        } else {
+            assert_eq!(p.prefill_queue_tokens, 0);
+            assert_near(p.wait_s, 0.0, &p);
+            assert_near(p.prefill_s, 0.5, &p);
+        }
+    }
+}

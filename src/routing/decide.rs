@@ -186,6 +186,7 @@ fn decide_once(
                                 model: m,
                                 load,
                                 node_in_flight,
+                                node_prefilling: loads.node_prefilling(idx),
                                 rates: own,
                                 peer: peers[pos],
                                 node_best: if own.observed == 0 {
@@ -370,6 +371,7 @@ fn add_cached_prefix(
             model,
             load: post.loads.model(idx, name),
             node_in_flight: post.loads.node_in_flight(idx),
+            node_prefilling: post.loads.node_prefilling(idx),
             rates: post.rates[idx * n_models + pos],
             peer: post.peers[pos],
             node_best: None,

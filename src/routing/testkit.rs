@@ -1,7 +1,8 @@
 //! Test fixtures: node and model builders and a plain `Loads` table.
 
 use super::types::{
-    Family, FleetView, Loads, ModelLoad, ModelView, NodeView, Rates, Row, Signals, Verdict,
+    Family, FleetView, Loads, ModelLoad, ModelView, NodeView, PrefillLoad, Rates, Row, Signals,
+    Verdict,
 };
 
 /// Loads by node index; model loads by (node, model name).
@@ -10,6 +11,8 @@ pub struct TableLoads {
     pub node: Vec<u32>,
     pub model: Vec<(usize, String, ModelLoad)>,
     pub rates: Vec<(usize, String, Rates)>,
+    /// Prefill queue by node index.
+    pub prefilling: Vec<PrefillLoad>,
 }
 
 impl TableLoads {
@@ -34,6 +37,9 @@ impl TableLoads {
 impl Loads for TableLoads {
     fn node_in_flight(&self, node: usize) -> u32 {
         self.node.get(node).copied().unwrap_or(0)
+    }
+    fn node_prefilling(&self, node: usize) -> PrefillLoad {
+        self.prefilling.get(node).copied().unwrap_or_default()
     }
     fn model(&self, node: usize, model: &str) -> ModelLoad {
         self.model

@@ -176,11 +176,23 @@ pub struct ModelLoad {
     pub observed_tps: Option<f64>,
 }
 
+/// A node's prefill queue: uncached prompt tokens sent to it and not answered yet, and when
+/// the first of them could start (ms; the last first byte, or its send to an idle queue).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefillLoad {
+    pub tokens: u64,
+    pub head_ms: u64,
+}
+
 /// Live load, read at decision time (atomics in the proxy, plain maps in tests).
 pub trait Loads {
     /// Requests in flight on the node across all its models.
     fn node_in_flight(&self, node: usize) -> u32;
     fn model(&self, node: usize, model: &str) -> ModelLoad;
+    /// Prompts sent to the node and not yet answered (its prefill queue).
+    fn node_prefilling(&self, _node: usize) -> PrefillLoad {
+        PrefillLoad::default()
+    }
     /// Rates learned for node:model (completion mode); none known by default.
     fn rates(&self, _node: usize, _model: &str) -> Rates {
         Rates::default()
@@ -193,6 +205,13 @@ pub struct Rates {
     /// Prompt tokens per second (TTFT of warm requests), and the TTFT no prompt explains.
     pub prefill_tps: Option<f64>,
     pub prefill_overhead_s: f64,
+    /// `prefill_tps` is a floor: the prompts seen were all of about one length, and their TTFT
+    /// cannot tell fixed overhead from rate, so all of it was taken as rate.
+    pub prefill_floor: bool,
+    /// The node prefills one prompt at a time (learned: the wait for the request sent before
+    /// explains TTFTs), so a request waits for the prompts ahead; `None` until a response had
+    /// one ahead (the fleet's majority is taken meanwhile).
+    pub prefill_shared: Option<bool>,
     /// Seconds per output token of one stream, and what each further concurrent stream adds
     /// (`None` until responses at different concurrencies were seen).
     pub decode_spt: Option<f64>,

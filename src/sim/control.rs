@@ -88,6 +88,8 @@ pub struct SimControl {
     pub(crate) spec: SimSpec,
     pub(crate) models: Mutex<Registry>,
     pub(crate) seats: Arc<Semaphore>,
+    /// `prefill_parallel` permits (None: no limit).
+    pub(crate) prefill: Option<Arc<Semaphore>>,
     pub(crate) slot: Arc<ListenSlot>,
     pub(crate) prefix: Mutex<PrefixCache>,
     stats: Mutex<SimStats>,
@@ -106,10 +108,13 @@ impl SimControl {
         let models = Registry::new(&spec);
         let seats = Arc::new(Semaphore::new(spec.seats as usize));
         let prefix = Mutex::new(PrefixCache::new(spec.prefix_cache_entries));
+        let prefill = (spec.prefill_parallel > 0)
+            .then(|| Arc::new(Semaphore::new(spec.prefill_parallel as usize)));
         SimControl {
             spec,
             models: Mutex::new(models),
             seats,
+            prefill,
             slot,
             prefix,
             stats: Mutex::new(SimStats::default()),

@@ -268,7 +268,13 @@ pub(crate) async fn admit(
         }
         .min(plan.prompt_tokens);
         let uncached = plan.prompt_tokens - cached;
+        // Its turn at the node's prefill compute (FIFO), when that is limited.
+        let turn = match &c.prefill {
+            Some(p) => Some(p.clone().acquire_owned().await.map_err(|_| Killed)?),
+            None => None,
+        };
         sleep(prefill_time(&c, uncached)).await;
+        drop(turn);
         c.prefix.lock().insert(plan.idx, chain);
         c.record_prefill(cached, uncached);
         c.park(Gate::FirstToken).await?;

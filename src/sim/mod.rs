@@ -17,7 +17,8 @@
 //! - Text depends on the node seed, the model name as requested, and the prompt content (not on
 //!   arrival order), so identical requests get identical replies.
 //! - Pacing: seat (FIFO) → cold load if needed → `ttft_ms` + uncached prompt tokens /
-//!   `prefill_tokens_per_sec` → first-token gate → first token, then one token every
+//!   `prefill_tokens_per_sec` (at most `prefill_parallel` prompts at once when set, the
+//!   others wait their turn FIFO, in `prompt_eval_duration`) → first-token gate → first token, then one token every
 //!   `1/tokens_per_sec`, slowed to `tokens_per_sec / (1 + decode_contention × (n − 1))` while
 //!   `n` requests decode at once. [`SimControl::set_slowdown`] stretches ttft, prefill and
 //!   decode at run time. Headers are sent with the first token.

@@ -49,6 +49,12 @@ pub struct SimSpec {
     /// `tokens_per_sec / (1 + decode_contention * (n - 1))`. 0 (default): no slowdown.
     #[serde(default)]
     pub decode_contention: f64,
+    /// Prompts the node prefills at once, each at the full `prefill_tokens_per_sec`; the next
+    /// waits its turn (FIFO) with its seat held, as on a GPU whose compute a long prefill
+    /// takes whole (vLLM's chunked prefill, llama.cpp's shared batch). 0 (default): no limit,
+    /// every seat prefills independently.
+    #[serde(default)]
+    pub prefill_parallel: u32,
     /// Models on disk.
     pub models: Vec<SimModel>,
 }
@@ -111,6 +117,7 @@ impl Default for SimSpec {
             prefill_tokens_per_sec: None,
             prefix_cache_entries: 0,
             decode_contention: 0.0,
+            prefill_parallel: 0,
             models: Vec::new(),
         }
     }

@@ -131,7 +131,7 @@ const SIGNALS = [["warmth", "warm"], ["memory_fit", "fit"], ["queue_depth", "que
 const secs = (v) => fmt.ms((v || 0) * 1000);
 const TERMS = [["wait_s", "wait", secs], ["load_s", "load", secs], ["prefill_s", "prefill", secs],
   ["decode_s", "decode", secs], ["ahead", "ahead", String], ["cached_tokens", "cached", String],
-  ["observed", "learned from", String]];
+  ["prefill_queue_tokens", "prefill queue", String], ["observed", "learned from", String]];
 const openDecisions = new Set();
 
 function renderDecisions(decisions) {
