@@ -405,3 +405,80 @@ fn offline_explain_names_windows_unknown_models_and_exits_by_outcome() {
     assert!(text.contains("winner: small"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Completion mode learns that a node prefills one prompt at a time (a request's time to first
+/// token is its wait for the one sent before plus its own), then sends a short request to a
+/// slower node rather than behind a long prefill, and `/fleet/explain` shows the queue.
+#[test]
+fn a_short_prompt_does_not_wait_behind_a_long_prefill() {
+    let rt = runtime();
+    let sim_spec = |decode: u32| {
+        format!(
+            "seats: 4\ntokens_per_sec: {decode}\nttft_ms: 1\nmemory_gb: 64\nreply_tokens: 200\n\
+             prefill_tokens_per_sec: 20000\nprefill_parallel: 1\nmodels:\n\
+             - {{name: m:7b, size_gb: 5, context: 131072, loaded: true}}\n"
+        )
+    };
+    let fast = sim(&rt, &sim_spec(2000));
+    let slow = sim(&rt, &sim_spec(500));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\n{}",
+        fleet(&[
+            node("pf-fast", &fast, "      capacity: 4\n"),
+            node("pf-slow", &slow, "      capacity: 4\n")
+        ])
+    ));
+    let ask = |words: usize| {
+        json!({"model": "m:7b", "max_tokens": 200, "stream": true,
+            "messages": [{"role": "user", "content": "word ".repeat(words)}]})
+    };
+    let send = |body: Value, pin: &'static str| {
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let mut r = client().post(url).json(&body);
+            if !pin.is_empty() {
+                r = r.header("x-fleet-pin-node", pin);
+            }
+            let r = r.send().await.unwrap();
+            let node = node_of(&r);
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+            node
+        }
+    };
+    rt.block_on(async {
+        // Teach: on pf-fast, a 6,400-token prompt (0.3 s of prefill) and, 50 ms later, a shorter
+        // one that waits for it; on pf-slow, one at a time (its decode speed).
+        for words in [1_000, 2_000, 3_000] {
+            let first = send(ask(5_000), "pf-fast");
+            let second = async {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                send(ask(words), "pf-fast").await
+            };
+            tokio::join!(first, second);
+            send(ask(words), "pf-slow").await;
+        }
+        // ~40,000 prompt tokens on pf-fast: 2 s of prefill.
+        let long = tokio::spawn(send(ask(32_000), "pf-fast"));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let short = ask(10);
+        let e = explain(&gw, "/fleet/explain/v1/chat/completions", &short).await;
+        let row = |id: &str| {
+            e["table"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["node"] == id)
+                .cloned()
+                .unwrap()
+        };
+        let queued = row("pf-fast")["prefill_queue_tokens"].as_u64().unwrap();
+        assert!(queued > 10_000, "the long prompt is ahead: {e:#}");
+        assert!(row("pf-fast")["wait_s"].as_f64().unwrap() > 0.5, "{e:#}");
+        assert_eq!(row("pf-slow")["prefill_queue_tokens"], 0, "{e:#}");
+        assert_eq!(send(short.clone(), "").await, "pf-slow", "{e:#}");
+        assert_eq!(long.await.unwrap(), "pf-fast");
+        // Answered: nothing is ahead any more, and the faster node wins again.
+        assert_eq!(send(short, "").await, "pf-fast");
+    });
+}

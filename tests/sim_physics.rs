@@ -164,3 +164,52 @@ async fn slowdown_switches_at_run_time() {
     assert_eq!(s, 200);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn prefill_parallel_makes_prompts_wait_their_turn() {
+    let mut sp = spec();
+    sp.seats = 4;
+    sp.prefill_tokens_per_sec = Some(20_000.0);
+    sp.prefill_parallel = 1;
+    sp.models[0].context = 65_536;
+    let (h, base, c) = node(sp).await;
+    // ~4,000 prompt tokens each: 200 ms of prefill alone. Two at once on a node that prefills
+    // one prompt at a time: the second waits for the first, ~400 ms to its first token.
+    let body = json!({"model": "llama3.2:3b", "prompt": "w".repeat(16_000), "stream": false});
+    let (a, b) = tokio::join!(
+        post(&c, format!("{base}/api/generate"), body.clone()),
+        async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            post(&c, format!("{base}/api/generate"), body.clone()).await
+        }
+    );
+    assert_eq!((a.0, b.0), (200, 200), "{} {}", a.1, b.1);
+    let (first, second) = (
+        ns(&a.1, "prompt_eval_duration"),
+        ns(&b.1, "prompt_eval_duration"),
+    );
+    assert!(first >= Duration::from_millis(200), "{}", a.1);
+    assert!(
+        second >= Duration::from_millis(350),
+        "waited its turn: {second:?}"
+    );
+    h.shutdown().await;
+    // Without the limit (the default) the two prefill side by side.
+    let mut sp = spec();
+    sp.seats = 4;
+    sp.prefill_tokens_per_sec = Some(20_000.0);
+    sp.models[0].context = 65_536;
+    let (h, base, c) = node(sp).await;
+    let (a, b) = tokio::join!(
+        post(&c, format!("{base}/api/generate"), body.clone()),
+        post(&c, format!("{base}/api/generate"), body.clone())
+    );
+    assert_eq!((a.0, b.0), (200, 200));
+    for v in [a.1, b.1] {
+        assert!(
+            ns(&v, "prompt_eval_duration") < Duration::from_millis(350),
+            "{v}"
+        );
+    }
+    h.shutdown().await;
+}

@@ -109,6 +109,20 @@ impl Line {
         (var > 0.0).then(|| (var_y - cov * cov / var).max(0.0))
     }
 
+    /// The least-squares slope (0 without spread along x).
+    fn slope(&self) -> f64 {
+        if self.w <= 0.0 {
+            return 0.0;
+        }
+        let (mx, my) = (self.sx / self.w, self.sy / self.w);
+        let var = self.sxx / self.w - mx * mx;
+        if var > 0.0 {
+            (self.sxy / self.w - mx * my) / var
+        } else {
+            0.0
+        }
+    }
+
     /// (a, b) of `y = a + b x`, and whether the slope was read off observations that spread
     /// along x; `origin`: without spread, through the origin (else flat, the slope unknown).
     fn fit(&self, min_spread: f64, origin: bool) -> Option<(f64, f64, bool)> {
@@ -275,14 +289,15 @@ impl PairRates {
     pub fn rates(&self) -> Rates {
         // Queued only when the prompts ahead explain the TTFTs strictly better: with nothing
         // ever ahead the two lines are the same, and each seat prefills on its own.
-        let queued_fit = self.prefill_queued.fit(0.2, true);
-        let shared = matches!(queued_fit, Some((_, b, true)) if b > 0.0)
-            && match (self.prefill_queued.residual(), self.prefill.residual()) {
-                (Some(q), Some(own)) => q < own,
-                _ => false,
-            };
+        // Queued when the wait for the one ahead explains the TTFTs strictly better (a line
+        // rising with the prompt, closer to the points), whatever its intercept: one that comes
+        // out a millisecond below zero is still the better explanation.
+        let shared = match (self.prefill_queued.residual(), self.prefill.residual()) {
+            (Some(q), Some(own)) => q < own && self.prefill_queued.slope() > 0.0,
+            _ => false,
+        };
         let prefill = if shared {
-            queued_fit
+            self.prefill_queued.fit(0.2, true)
         } else {
             self.prefill.fit(0.2, true)
         };

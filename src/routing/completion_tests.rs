@@ -517,3 +517,41 @@ fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
         }
     }
 }
+
+/// A rate read off prompts of one length only (overhead taken as rate) is raised to the
+/// fastest one a peer measured: one short prompt's TTFT does not shut a node out of long ones.
+#[test]
+fn a_prefill_floor_is_raised_to_the_best_measured_peer() {
+    let f = fleet_of_4_seats(vec![
+        node("a", vec![loaded("m", 4.0)]),
+        node("b", vec![loaded("m", 4.0)]),
+    ]);
+    let floor = Rates {
+        prefill_tps: Some(16_000.0),
+        prefill_floor: true,
+        ..seen(100.0)
+    };
+    let measured = Rates {
+        prefill_tps: Some(50_000.0),
+        prefill_overhead_s: 0.02,
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .rated(0, "m", floor)
+        .rated(1, "m", measured);
+    let d = at(&req(&["m"], 6_000), &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.prefill_tps, 50_000.0, &p);
+    assert_near(p.prefill_s, 0.02 + 0.12, &p);
+    // Measured, the node's own rate stands, slow or not.
+    let loads = loads.rated(
+        0,
+        "m",
+        Rates {
+            prefill_floor: false,
+            ..floor
+        },
+    );
+    let p = predicted(&at(&req(&["m"], 6_000), &f, &loads), 0);
+    assert_near(p.prefill_tps, 16_000.0, &p);
+}
