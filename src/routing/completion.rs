@@ -20,6 +20,8 @@
 //! in order, from the node's config (`decode_tps`, `prefill_tps`), the mean of the pairs of the
 //! same model that measured it, then the priors: decode from model GB over memory bandwidth (a
 //! token reads every weight once), prefill `completion_prefill_per_decode` x decode tokens/s.
+//! A prefill rate read off prompts of about one length only (`Rates::prefill_floor`: overhead
+//! taken as rate, too slow) is raised to that mean with its overhead until the pair measures one.
 //!
 //! Exploration, optimistic and one probe at a time: a pair never observed, while no untried
 //! pair of the same model has a request in flight, is predicted with the best rates the fleet
@@ -298,12 +300,12 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .map_or(0.0, |b| b.max(0.0));
     let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
     let spt = spt1 + per_stream * f64::from(concurrency - 1);
-    // A floor (prompts of one length only: overhead taken as rate) is raised to the fastest
-    // rate a peer measured, with its overhead, until prompts of other lengths measure the pair:
-    // one short prompt's TTFT must not make a node look too slow for long ones.
+    // A floor (prompts of one length only: overhead taken as rate) is raised to the model's
+    // typical measured rate, with its overhead, until prompts of other lengths measure the
+    // pair: one short prompt's TTFT must not make a node look too slow for long ones.
     let best = x
         .peer
-        .map(|p| p.best)
+        .map(|p| p.mean)
         .filter(|_| r.prefill_floor)
         .and_then(|b| {
             let overhead = if b.prefill_overhead_s.is_finite() {

@@ -518,10 +518,10 @@ fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
     }
 }
 
-/// A rate read off prompts of one length only (overhead taken as rate) is raised to the
-/// fastest one a peer measured: one short prompt's TTFT does not shut a node out of long ones.
+/// A rate read off prompts of one length only (overhead taken as rate) is raised to the rate
+/// the model's nodes measured: one short prompt's TTFT does not shut a node out of long ones.
 #[test]
-fn a_prefill_floor_is_raised_to_the_best_measured_peer() {
+fn a_prefill_floor_is_raised_to_the_typical_measured_rate() {
     let f = fleet_of_4_seats(vec![
         node("a", vec![loaded("m", 4.0)]),
         node("b", vec![loaded("m", 4.0)]),
