@@ -406,6 +406,13 @@ fn offline_explain_names_windows_unknown_models_and_exits_by_outcome() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Resolves once a request holds a seat on `sim` (it is prefilling there).
+async fn holding_a_seat(sim: &fleetgate::sim::SimHandle) {
+    while sim.control().stats().in_flight == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// Completion mode learns that a node prefills one prompt at a time (a request's time to first
 /// token is its wait for the one sent before plus its own), then sends a short request to a
 /// slower node rather than behind a long prefill, and `/fleet/explain` shows the queue.
@@ -452,7 +459,7 @@ fn a_short_prompt_does_not_wait_behind_a_long_prefill() {
         for words in [1_000, 2_000, 3_000] {
             let first = send(ask(5_000), "pf-fast");
             let second = async {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                holding_a_seat(&fast).await;
                 send(ask(words), "pf-fast").await
             };
             tokio::join!(first, second);
@@ -460,7 +467,7 @@ fn a_short_prompt_does_not_wait_behind_a_long_prefill() {
         }
         // ~40,000 prompt tokens on pf-fast: 2 s of prefill.
         let long = tokio::spawn(send(ask(32_000), "pf-fast"));
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        holding_a_seat(&fast).await;
         let short = ask(10);
         let e = explain(&gw, "/fleet/explain/v1/chat/completions", &short).await;
         let row = |id: &str| {

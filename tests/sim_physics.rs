@@ -179,7 +179,10 @@ async fn prefill_parallel_makes_prompts_wait_their_turn() {
     let (a, b) = tokio::join!(
         post(&c, format!("{base}/api/generate"), body.clone()),
         async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Once the first holds its seat (is prefilling).
+            while h.control().stats().in_flight == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             post(&c, format!("{base}/api/generate"), body.clone()).await
         }
     );
