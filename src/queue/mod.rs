@@ -44,7 +44,7 @@ pub struct Lease {
     node_state: Arc<NodeState>,
     pub counters: Arc<ModelCounters>,
     /// Its place in the node's prefill queue, from its send to its first byte.
-    prefill: Option<prefill::Ticket>,
+    prefill: Option<prefill::Place>,
 }
 
 impl Drop for Lease {

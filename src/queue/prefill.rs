@@ -34,7 +34,7 @@ struct Mark {
 
 /// One request's place in its node's queue, held with its seat (`Lease`).
 #[derive(Debug)]
-pub struct Ticket {
+pub struct Place {
     tokens: u32,
     sent_ms: u64,
     mark: Arc<Mark>,
@@ -44,7 +44,7 @@ pub struct Ticket {
 
 impl PrefillQueue {
     /// A request is sent with `tokens` to prefill.
-    pub fn enter(&self, tokens: u32, now_ms: u64) -> Ticket {
+    pub fn enter(&self, tokens: u32, now_ms: u64) -> Place {
         let mark = Arc::new(Mark::default());
         let ahead = self
             .last
@@ -54,7 +54,7 @@ impl PrefillQueue {
         if self.tokens.fetch_add(u64::from(tokens), Ordering::Relaxed) == 0 {
             self.head_ms.store(now_ms, Ordering::Relaxed);
         }
-        Ticket {
+        Place {
             tokens,
             sent_ms: now_ms,
             mark,
@@ -74,7 +74,7 @@ impl PrefillQueue {
     /// seconds it waited for the one sent before it (`None`: nobody was ahead); a request still
     /// before its first byte when this one got its own counts the whole wait, which fits a node
     /// that prefills one at a time only if it never happens.
-    pub fn leave(&self, t: Ticket, now_ms: u64) -> Option<f64> {
+    pub fn leave(&self, t: Place, now_ms: u64) -> Option<f64> {
         t.mark.done_ms.store(now_ms.max(1), Ordering::Relaxed);
         self.tokens
             .fetch_sub(u64::from(t.tokens), Ordering::Relaxed);
