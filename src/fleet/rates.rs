@@ -106,7 +106,9 @@ impl Line {
         let var = self.sxx / self.w - mx * mx;
         let cov = self.sxy / self.w - mx * my;
         let var_y = self.syy / self.w - my * my;
-        (var > 0.0).then(|| (var_y - cov * cov / var).max(0.0))
+        // A line written before `syy` was kept has none: no residual until it decays.
+        let unknown = self.syy == 0.0 && self.sy != 0.0;
+        (var > 0.0 && !unknown).then(|| (var_y - cov * cov / var).max(0.0))
     }
 
     /// The least-squares slope (0 without spread along x).
@@ -273,10 +275,19 @@ impl PairRates {
         }
         if let Some(p) = prefill_s.filter(|_| o.prompt_tokens > 0) {
             self.prefill.add(tokens, p, now);
-            self.prefill_queued.add(tokens, (p - ahead_s).max(0.0), now);
-            if ahead_s > 0.0 {
-                self.queued_seen = self.queued_seen.saturating_add(1);
-            }
+            // The wait for the one ahead is measured on the gateway's clock: it comes off the
+            // streamed TTFT (a backend's own prompt timing may leave the wait out). Without
+            // one, both lines get the same point.
+            let ttft_prefill = first.filter(|_| !o.cold).map(|t| (t - load).max(0.0));
+            let queued = match ttft_prefill {
+                Some(t) if ahead_s > 0.0 => {
+                    self.queued_seen = self.queued_seen.saturating_add(1);
+                    (t - ahead_s).max(0.0)
+                }
+                Some(t) => t,
+                None => p,
+            };
+            self.prefill_queued.add(tokens, queued, now);
         }
         if let (Some(n), Some(g)) = (out, gen_s.filter(|g| *g > 0.0)) {
             self.decode.add(streams, g / n, now);
@@ -292,7 +303,10 @@ impl PairRates {
         // Queued when the wait for the one ahead explains the TTFTs strictly better (a line
         // rising with the prompt, closer to the points), whatever its intercept: one that comes
         // out a millisecond below zero is still the better explanation.
-        let shared = match (self.prefill_queued.residual(), self.prefill.residual()) {
+        let residuals = (self.prefill_queued.residual(), self.prefill.residual());
+        // Undecided until a response had one ahead and both lines have spread.
+        let decided = self.queued_seen > 0 && residuals.0.is_some() && residuals.1.is_some();
+        let shared = match residuals {
             (Some(q), Some(own)) => q < own && self.prefill_queued.slope() > 0.0,
             _ => false,
         };
@@ -306,7 +320,7 @@ impl PairRates {
             prefill_tps: prefill.and_then(|(_, b, _)| (b > 0.0).then(|| 1.0 / b)),
             prefill_overhead_s: prefill.map_or(0.0, |(a, _, _)| a),
             prefill_floor: prefill.is_some_and(|(_, b, spread)| b > 0.0 && !spread),
-            prefill_shared: (self.queued_seen > 0).then_some(shared),
+            prefill_shared: decided.then_some(shared),
             decode_spt: decode.map(|(a, _, _)| a).filter(|a| *a > 0.0),
             // Seen only at one concurrency: the cost of further streams is not known yet.
             decode_spt_per_stream: decode.and_then(|(_, b, spread)| spread.then_some(b)),

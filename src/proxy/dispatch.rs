@@ -120,6 +120,11 @@ impl Dispatch {
             l.prompt_tokens
         };
         st.prefill_ahead_s = None;
+        // Only a stream's first byte says when its prefill ended (a whole reply comes at the
+        // end): a request that is not streamed is not counted in the queue.
+        if !self.stream {
+            return;
+        }
         if let Some(lease) = st.lease.as_mut() {
             lease.start_prefill(tokens, crate::services::now_ms());
         }
@@ -238,6 +243,40 @@ mod tests {
         // n2 fails too: nothing left untried.
         assert_eq!(d.next_attempt(take), None);
         assert_eq!(ns[2].in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn failover_moves_the_prompt_to_the_new_nodes_prefill_queue() {
+        let ns = nodes(&[1, 1]);
+        let mut d = dispatch(1, &ns);
+        d.stream = true;
+        d.learn.prompt_tokens = 900;
+        d.start_prefill(&mut d.state.lock());
+        assert_eq!(ns[0].prefill.load().tokens, 900);
+        let take =
+            |c: &Choice| crate::queue::take_now(c.node, &ns[c.node], &ns[c.node].counters("m"));
+        assert_eq!(d.next_attempt(take), Some(1));
+        assert_eq!(
+            ns[0].prefill.load().tokens,
+            0,
+            "left the failed node's queue"
+        );
+        assert_eq!(
+            ns[1].prefill.load().tokens,
+            900,
+            "and entered the new one's"
+        );
+        // Its first byte ends it there; a second call changes nothing.
+        let mut st = d.state.lock();
+        let lease = st.lease.as_mut().unwrap();
+        assert_eq!(lease.first_byte(1), None, "nobody was ahead");
+        assert_eq!(lease.first_byte(2), None);
+        assert_eq!(ns[1].prefill.load().tokens, 0);
+        drop(st);
+        // Not streamed: not counted (its only byte comes with the end of the reply).
+        let d = dispatch(0, &ns);
+        d.start_prefill(&mut d.state.lock());
+        assert_eq!(ns[0].prefill.load().tokens, 0);
     }
 
     #[test]

@@ -78,7 +78,15 @@ impl PrefillQueue {
         t.mark.done_ms.store(now_ms.max(1), Ordering::Relaxed);
         self.tokens
             .fetch_sub(u64::from(t.tokens), Ordering::Relaxed);
-        self.head_ms.store(now_ms, Ordering::Relaxed);
+        // The next in line starts now only if this one was first (nobody ahead still
+        // waiting): one behind that leaves (an error, a client gone) takes nothing from it.
+        let first = t
+            .ahead
+            .as_ref()
+            .is_none_or(|m| m.done_ms.load(Ordering::Relaxed) != 0);
+        if first {
+            self.head_ms.store(now_ms, Ordering::Relaxed);
+        }
         let ahead = t.ahead?;
         let done = match ahead.done_ms.load(Ordering::Relaxed) {
             0 => now_ms,
@@ -122,6 +130,11 @@ mod tests {
         // d's first byte came before c's (a node that does not queue): the whole wait counts.
         let d = q.enter(200, 11_010);
         assert_eq!(q.leave(d, 11_100), Some(0.09));
+        assert_eq!(
+            q.load().head_ms,
+            11_000,
+            "c, still first in line, keeps its start"
+        );
         assert_eq!(q.leave(c, 11_200), None);
     }
 }

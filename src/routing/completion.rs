@@ -210,6 +210,12 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     let strip = |r: Rates| Rates {
         prefill_shared,
         prefill_floor: !measured,
+        // Only floors seen: no overhead measured (not the infinity that kept them out).
+        prefill_overhead_s: if r.prefill_overhead_s.is_finite() {
+            r.prefill_overhead_s
+        } else {
+            0.0
+        },
         load_s: None,
         observed: 0,
         last_ms: None,

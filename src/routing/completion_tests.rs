@@ -490,7 +490,7 @@ fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
             .rated(0, "m", rates)
             .rated(1, "m", rates)
             .with(0, "m", queue(1, 0));
-        // Sent at 999.5 s, none started (a first byte at 1,000 s): all 20,000 ahead.
+        // The first of them could start just now: all 20,000 are ahead.
         loads.prefilling = vec![
             PrefillLoad {
                 tokens: 20_000,
