@@ -7,6 +7,7 @@ mod breaker;
 mod calibrate;
 pub mod capable;
 mod counters;
+mod decay;
 mod heartbeat;
 mod learning;
 mod live;
