@@ -125,6 +125,8 @@ pub struct Peers {
     /// A never-observed pair of the model has a request in flight (set by the caller, which
     /// sees the loads): one probe per model at a time, fleet-wide.
     pub probing: bool,
+    /// Pairs observed: a mean of one is that pair, the best, no typical node.
+    pub pairs: u32,
 }
 
 /// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
@@ -151,11 +153,12 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     let mut overhead = Mean::default();
     let (mut output_sum, mut output_n) = (0.0, 0.0);
     let mut top: Option<Rates> = None;
-    let (mut shared, mut decided) = (0u32, 0u32);
+    let (mut shared, mut decided, mut pairs) = (0u32, 0u32, 0u32);
     // Floors (`Rates::prefill_floor`) count for the best rate (they are below the truth) and
     // for the mean only when no pair measured one; their overhead (0 by construction) never.
     let mut floor = Mean::default();
     for r in all.into_iter().filter(|r| r.observed > 0) {
+        pairs += 1;
         if let Some(s) = r.prefill_shared {
             shared += u32::from(s);
             decided += 1;
@@ -235,6 +238,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         contention: contention.get(),
         output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
         probing: false,
+        pairs,
     })
 }
 
@@ -243,9 +247,20 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 /// fleet: in a fleet of 32 a probe on each untried node at once would be a request in three
 /// paying for the exploring), their mean while one is; with no peers, its own (empty: the
 /// priors). True when a peer figure is used.
+/// A probe of the model is out and only one pair was ever observed: that pair's rates would
+/// make every untried pair a copy of it (the mean of one is the best) and a second probe would
+/// go out at once. The pair keeps its own (the priors) until the probe answers.
+fn held_back(x: &Input<'_>) -> bool {
+    let own_probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
+    x.rates.observed == 0
+        && x.peer
+            .is_some_and(|p| p.pairs < 2 && (own_probe_out || p.probing))
+}
+
 fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
     let own_probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
     let (rates, optimistic) = match x.peer {
+        _ if held_back(x) => (x.rates, false),
         Some(peers) if x.rates.observed == 0 => {
             let probe_out = own_probe_out || peers.probing;
             let from = if probe_out { peers.mean } else { peers.best };
@@ -292,7 +307,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // A rate the pair has not measured yet (a line too flat to read it from: only short
     // prompts so far) is the fleet's typical one before it is a prior: a prior far below the
     // real rate would keep the pair from ever getting the prompts that would measure it.
-    let typical = x.peer.map(|p| p.mean);
+    let typical = x.peer.filter(|_| !held_back(x)).map(|p| p.mean);
     let spt1 = positive(r.decode_spt)
         .or(positive(x.node.decode_tps).map(|tps| 1.0 / tps))
         .or_else(|| typical.and_then(|t| positive(t.decode_spt)))

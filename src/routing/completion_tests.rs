@@ -555,3 +555,31 @@ fn a_prefill_floor_is_raised_to_the_typical_measured_rate() {
     let p = predicted(&at(&req(&["m"], 6_000), &f, &loads), 0);
     assert_near(p.prefill_tps, 16_000.0, &p);
 }
+
+/// The home lab's first seconds: one node observed, a probe out on an untried one. The mean of
+/// one observed node is that node, so "typical" would be "as fast as the best" and a second
+/// probe would go out at once; instead the other untried node keeps its priors until the
+/// probe answers.
+#[test]
+fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
+    let f = fleet_of_4_seats(vec![
+        node("known", vec![loaded("m", 5.0)]),
+        node("fresh-a", vec![loaded("m", 5.0)]),
+        node("fresh-b", vec![loaded("m", 5.0)]),
+    ]);
+    let r = req(&["m"], 1_000);
+    let loads = TableLoads::default()
+        .rated(0, "m", seen(100.0))
+        .with(0, "m", queue(1, 0));
+    // Nothing out: an untried node is predicted with the known node's rates.
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 1);
+    assert_near(p.decode_tps, 100.0, &p);
+    // fresh-a's probe is out: fresh-b is predicted with its priors (5 GB / 100 GB/s = 20
+    // tokens/s, explored at x0.5), and the known node wins.
+    let probing = loads.clone().with(1, "m", queue(1, 0));
+    let d = at(&r, &f, &probing);
+    assert_eq!(d.winner().unwrap().node_id, "known", "{d:?}");
+    let p = predicted(&d, 2);
+    assert_near(p.decode_tps, 20.0, &p);
+}
