@@ -82,44 +82,40 @@ impl Line {
         self.at_ms = now_ms;
     }
 
+    /// Weighted means of x and y, variance of x and covariance; `None` before any point.
+    fn moments(&self) -> Option<Moments> {
+        (self.w > 0.0).then(|| {
+            let (mx, my) = (self.sx / self.w, self.sy / self.w);
+            Moments {
+                mx,
+                my,
+                var: self.sxx / self.w - mx * mx,
+                cov: self.sxy / self.w - mx * my,
+            }
+        })
+    }
+
     /// Weighted mean squared distance of the observations from the fitted line (`None`
     /// without spread along x): what tells two explanations of the same `y` apart.
     pub(super) fn residual(&self) -> Option<f64> {
-        if self.w <= 0.0 {
-            return None;
-        }
-        let (mx, my) = (self.sx / self.w, self.sy / self.w);
-        let var = self.sxx / self.w - mx * mx;
-        let cov = self.sxy / self.w - mx * my;
-        let var_y = self.syy / self.w - my * my;
+        let m = self.moments()?;
         // A line written before `syy` was kept has none: no residual until it decays.
         let unknown = self.syy == 0.0 && self.sy != 0.0;
-        (var > 0.0 && !unknown).then(|| (var_y - cov * cov / var).max(0.0))
+        let var_y = self.syy / self.w - m.my * m.my;
+        (m.var > 0.0 && !unknown).then(|| (var_y - m.cov * m.cov / m.var).max(0.0))
     }
 
     /// The least-squares slope (0 without spread along x).
     pub(super) fn slope(&self) -> f64 {
-        if self.w <= 0.0 {
-            return 0.0;
-        }
-        let (mx, my) = (self.sx / self.w, self.sy / self.w);
-        let var = self.sxx / self.w - mx * mx;
-        if var > 0.0 {
-            (self.sxy / self.w - mx * my) / var
-        } else {
-            0.0
-        }
+        self.moments()
+            .filter(|m| m.var > 0.0)
+            .map_or(0.0, |m| m.cov / m.var)
     }
 
     /// (a, b) of `y = a + b x`, and whether the slope was read off observations that spread
     /// along x; `origin`: without spread, through the origin (else flat, the slope unknown).
     pub(super) fn fit(&self, min_spread: f64, origin: bool) -> Option<(f64, f64, bool)> {
-        if self.w <= 0.0 {
-            return None;
-        }
-        let (mx, my) = (self.sx / self.w, self.sy / self.w);
-        let var = self.sxx / self.w - mx * mx;
-        let cov = self.sxy / self.w - mx * my;
+        let Moments { mx, my, var, cov } = self.moments()?;
         let spread = if origin {
             var.sqrt() / mx.max(1e-9)
         } else {
@@ -139,4 +135,11 @@ impl Line {
             Some((my, 0.0, false))
         }
     }
+}
+
+struct Moments {
+    mx: f64,
+    my: f64,
+    var: f64,
+    cov: f64,
 }

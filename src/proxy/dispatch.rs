@@ -112,6 +112,12 @@ impl Dispatch {
     /// Count the current attempt's uncached prompt in its node's prefill queue (the part
     /// credited as cached only on the node that holds it).
     pub fn start_prefill(&self, st: &mut Attempts) {
+        st.prefill_ahead_s = None;
+        // Only a stream's first byte says when its prefill ended (a whole reply comes at the
+        // end): a request that is not streamed is not counted in the queue.
+        if !self.stream {
+            return;
+        }
         let l = &self.learn;
         let on_cached = l.cached_on.as_deref() == Some(self.ranked[st.current].node_id.as_str());
         let tokens = if on_cached {
@@ -119,12 +125,6 @@ impl Dispatch {
         } else {
             l.prompt_tokens
         };
-        st.prefill_ahead_s = None;
-        // Only a stream's first byte says when its prefill ended (a whole reply comes at the
-        // end): a request that is not streamed is not counted in the queue.
-        if !self.stream {
-            return;
-        }
         if let Some(lease) = st.lease.as_mut() {
             lease.start_prefill(tokens, crate::services::now_ms());
         }

@@ -251,19 +251,23 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 /// make every untried pair a copy of it (the mean of one is the best) and a second probe would
 /// go out at once. The pair keeps its own (the priors) until the probe answers.
 fn held_back(x: &Input<'_>) -> bool {
-    let own_probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
-    x.rates.observed == 0
-        && x.peer
-            .is_some_and(|p| p.pairs < 2 && (own_probe_out || p.probing))
+    x.rates.observed == 0 && x.peer.is_some_and(|p| p.pairs < 2 && probe_out(x, &p))
+}
+
+/// A never-observed pair of the model is being tried: this one, or another anywhere.
+fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
+    peers.probing || x.load.in_flight.saturating_add(x.load.pending) > 0
 }
 
 fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
-    let own_probe_out = x.load.in_flight.saturating_add(x.load.pending) > 0;
     let (rates, optimistic) = match x.peer {
         _ if held_back(x) => (x.rates, false),
         Some(peers) if x.rates.observed == 0 => {
-            let probe_out = own_probe_out || peers.probing;
-            let from = if probe_out { peers.mean } else { peers.best };
+            let from = if probe_out(x, &peers) {
+                peers.mean
+            } else {
+                peers.best
+            };
             (
                 Rates {
                     load_s: x.rates.load_s,
@@ -324,20 +328,13 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // A floor (prompts of one length only: overhead taken as rate) is raised to the model's
     // typical measured rate, with its overhead, until prompts of other lengths measure the
     // pair: one short prompt's TTFT must not make a node look too slow for long ones.
-    let best = x
+    let raised = x
         .peer
         .map(|p| p.mean)
         .filter(|_| r.prefill_floor)
-        .and_then(|b| {
-            let overhead = if b.prefill_overhead_s.is_finite() {
-                b.prefill_overhead_s
-            } else {
-                r.prefill_overhead_s
-            };
-            Some((positive(b.prefill_tps)?, overhead))
-        })
+        .and_then(|m| Some((positive(m.prefill_tps)?, m.prefill_overhead_s)))
         .filter(|(tps, _)| positive(r.prefill_tps).is_some_and(|own| *tps > own));
-    let prefill_tps = best
+    let prefill_tps = raised
         .map(|(tps, _)| tps)
         .or(positive(r.prefill_tps))
         .or(positive(x.node.prefill_tps))
@@ -350,7 +347,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         None => f64::from(p.wait_heuristic_output_tokens).min(cap),
     };
     let cached = cached.min(x.req.prompt_tokens);
-    let overhead = match best {
+    let overhead = match raised {
         Some((_, o)) => o,
         None => r.prefill_overhead_s,
     };

@@ -63,6 +63,15 @@ fn fleet_of_4_seats(nodes: Vec<NodeView>) -> FleetView {
     f
 }
 
+/// Nodes of 4 seats, each with `m` (`gb` GB) loaded.
+fn alike(ids: &[&str], gb: f64) -> FleetView {
+    fleet_of_4_seats(
+        ids.iter()
+            .map(|id| node(id, vec![loaded("m", gb)]))
+            .collect(),
+    )
+}
+
 /// Nodes 0 and 1 of a fleet serving `m`: node 0 at 100 tokens/s alone, +5 ms per token for
 /// each further stream, running 2; node 1 at 20 tokens/s, idle.
 fn known_busy_and_slow() -> TableLoads {
@@ -476,10 +485,7 @@ fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
 /// goes to node 1. Learned to prefill each seat on its own, the queue costs nothing there.
 #[test]
 fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
-    let f = fleet_of_4_seats(vec![
-        node("a", vec![loaded("m", 4.0)]),
-        node("b", vec![loaded("m", 4.0)]),
-    ]);
+    let f = alike(&["a", "b"], 4.0);
     let r = req(&["m"], 1_000);
     for shared in [true, false] {
         let rates = Rates {
@@ -522,10 +528,7 @@ fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
 /// the model's nodes measured: one short prompt's TTFT does not shut a node out of long ones.
 #[test]
 fn a_prefill_floor_is_raised_to_the_typical_measured_rate() {
-    let f = fleet_of_4_seats(vec![
-        node("a", vec![loaded("m", 4.0)]),
-        node("b", vec![loaded("m", 4.0)]),
-    ]);
+    let f = alike(&["a", "b"], 4.0);
     let floor = Rates {
         prefill_tps: Some(16_000.0),
         prefill_floor: true,
@@ -562,11 +565,7 @@ fn a_prefill_floor_is_raised_to_the_typical_measured_rate() {
 /// probe answers.
 #[test]
 fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
-    let f = fleet_of_4_seats(vec![
-        node("known", vec![loaded("m", 5.0)]),
-        node("fresh-a", vec![loaded("m", 5.0)]),
-        node("fresh-b", vec![loaded("m", 5.0)]),
-    ]);
+    let f = alike(&["known", "fresh-a", "fresh-b"], 5.0);
     let r = req(&["m"], 1_000);
     let loads = TableLoads::default()
         .rated(0, "m", seen(100.0))
