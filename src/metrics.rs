@@ -37,6 +37,7 @@ pub const PREWARMS_TOTAL: &str = "fleetgate_queue_prewarms_total";
 pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
 pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
 pub const ELIMINATIONS_TOTAL: &str = "fleetgate_routing_eliminations_total";
+pub const EVICTIONS_TOTAL: &str = "fleetgate_routing_evictions_total";
 pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
 pub const TOKENS_TOTAL: &str = "fleetgate_proxy_tokens_total";
 pub const TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "fleetgate_proxy_time_per_output_token_seconds";
@@ -89,6 +90,8 @@ pub struct Metrics {
     pub rebalance_moves: IntCounterVec,
     pub pulls: IntCounterVec,
     pub eliminations: IntCounterVec,
+    /// Idle models the gateway unloaded to make room for a cold load (completion mode).
+    pub evictions: IntCounterVec,
     pub decisions: IntCounterVec,
     pub tokens: IntCounterVec,
     pub tpot: HistogramVec,
@@ -233,6 +236,13 @@ fn build() -> Result<Metrics, prometheus::Error> {
             &["outcome"],
         )?,
         prewarms: IntCounterVec::new(opts!(PREWARMS_TOTAL, "Pre-warm loads sent (Stage 4)"), nm)?,
+        evictions: IntCounterVec::new(
+            opts!(
+                EVICTIONS_TOTAL,
+                "Idle models unloaded to make room for a cold load (completion mode)"
+            ),
+            nm,
+        )?,
         rebalance_moves: IntCounterVec::new(
             opts!(
                 REBALANCE_MOVES_TOTAL,
@@ -307,6 +317,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.rebalance_moves.clone()))?;
     m.registry.register(Box::new(m.pulls.clone()))?;
     m.registry.register(Box::new(m.eliminations.clone()))?;
+    m.registry.register(Box::new(m.evictions.clone()))?;
     m.registry.register(Box::new(m.decisions.clone()))?;
     m.registry.register(Box::new(m.tokens.clone()))?;
     m.registry.register(Box::new(m.tpot.clone()))?;

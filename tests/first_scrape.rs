@@ -76,6 +76,7 @@ fn a_fresh_gateways_first_scrape_has_every_family_at_zero() {
         for (node, model) in pairs {
             let nm = [("node", node), ("model", model)];
             want("fleetgate_queue_prewarms_total", &nm);
+            want("fleetgate_routing_evictions_total", &nm);
             want("fleetgate_fleet_breaker_state", &nm);
             for to in ["open", "half_open", "closed"] {
                 want(

@@ -489,3 +489,63 @@ fn a_short_prompt_does_not_wait_behind_a_long_prefill() {
         assert_eq!(send(short, "").await, "pf-fast");
     });
 }
+
+/// Completion mode chooses what a cold load throws out. The node holds a model that is cheap
+/// to reload and one that is dear (20 GB) and in demand, the dear one used least recently:
+/// left to the node, loading a third model evicts the dear one (LRU). The gateway unloads the
+/// cheap one instead, so the next request for the dear model finds it loaded.
+#[test]
+fn a_cold_load_unloads_the_model_cheapest_to_reload_not_the_least_recent() {
+    let rt = runtime();
+    let models = concat!(
+        "  - {name: cheap:7b, size_gb: 5, loaded: true, cold_load_ms: 10}\n",
+        "  - {name: dear:30b, size_gb: 20, loaded: true, cold_load_ms: 10}\n",
+        "  - {name: new:14b, size_gb: 10, cold_load_ms: 10}\n",
+    );
+    // 36 GB: cheap (5.5 resident) and dear (22) leave 8.5, new needs 11.
+    let node_sim = sim(&rt, &spec(4, 36, models));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\n{}",
+        fleet(&[node("ev", &node_sim, "      memory_gb: 36\n")])
+    ));
+    rt.block_on(async {
+        // Dear asked for four times in a row, then (most recently) cheap once.
+        for model in ["dear:30b", "dear:30b", "dear:30b", "dear:30b", "cheap:7b"] {
+            let r = post(&gw, &chat(model, "x"), &[]).await;
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        }
+        let r = post(&gw, &chat("new:14b", "x"), &[]).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let ps: Value = client()
+            .get(format!("http://{}/api/ps", node_sim.addr()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut loaded: Vec<&str> = ps["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap())
+            .collect();
+        loaded.sort();
+        assert_eq!(loaded, ["dear:30b", "new:14b"], "{ps:#}");
+        let text = metrics(&gw).await;
+        assert!(
+            text.contains(r#"fleetgate_routing_evictions_total{model="cheap:7b",node="ev"} 1"#),
+            "{text}"
+        );
+        let r = post(&gw, &chat("dear:30b", "y"), &[]).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    });
+    assert_eq!(
+        node_sim.control().stats().loads,
+        ["new:14b"],
+        "one cold load, nothing reloaded"
+    );
+}

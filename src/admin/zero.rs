@@ -120,6 +120,7 @@ fn prime_model(id: &str, model: &str) {
     METRICS.queue_aborts.with_label_values(&nm);
     METRICS.queue_timeouts.with_label_values(&nm);
     METRICS.prewarms.with_label_values(&nm);
+    METRICS.evictions.with_label_values(&nm);
     METRICS.breaker_state.with_label_values(&nm);
     for to in BREAKER_TO {
         METRICS

@@ -138,6 +138,9 @@ pub struct Fleet {
     pub prefixes: PrefixMemory,
     /// Client connections and buffered request bodies (`clients:`).
     pub clients: Arc<crate::clients::ClientGuards>,
+    /// When this process began watching the fleet, ms: a model it never saw asked for has
+    /// been asked for less than once in the time since.
+    pub watching_since_ms: u64,
 }
 
 impl Fleet {
@@ -161,6 +164,7 @@ impl Fleet {
             recent: Default::default(),
             prefixes: PrefixMemory::default(),
             clients: Arc::default(),
+            watching_since_ms: now_ms(),
         };
         fleet.publish();
         Arc::new(fleet)
@@ -381,6 +385,20 @@ impl Fleet {
                     on_disk: true,
                     ..LiveModel::default()
                 }),
+            }
+        }
+        self.publish();
+    }
+
+    /// The gateway unloaded `models` from node `idx` (to make room for a cold load): routing
+    /// sees them unloaded at once instead of at the next poll.
+    pub fn mark_unloaded(&self, idx: usize, models: &[String], now_ms: u64) {
+        {
+            let node = self.node(idx);
+            let mut live = node.live.lock();
+            for m in live.models.iter_mut().filter(|m| models.contains(&m.name)) {
+                m.loaded = false;
+                m.unloaded_at_ms = Some(now_ms);
             }
         }
         self.publish();

@@ -69,6 +69,9 @@ pub struct PairRates {
     load: Mean,
     service: Mean,
     output: Mean,
+    /// Seconds between responses (at least the clock's millisecond).
+    #[serde(default)]
+    gap: Mean,
     observed: u32,
     last_ms: Option<u64>,
 }
@@ -157,6 +160,10 @@ impl PairRates {
         if let (Some(n), Some(g)) = (out, gen_s.filter(|g| *g > 0.0)) {
             self.decode.add(streams, g / n, now);
         }
+        if let Some(last) = self.last_ms {
+            self.gap
+                .add((now.saturating_sub(last) as f64 / 1000.0).max(0.001), now);
+        }
         self.observed = self.observed.saturating_add(1);
         self.last_ms = Some(now);
     }
@@ -194,6 +201,7 @@ impl PairRates {
             output_tokens: self.output.get(),
             observed: self.observed,
             last_ms: self.last_ms,
+            gap_s: self.gap.get(),
         }
     }
 }

@@ -105,6 +105,12 @@ pub async fn client_request(
                 return fail(session, log, &arrival, family, code, &msg).await;
             }
         };
+        let c = d.choice();
+        if c.cold {
+            // Completion mode picks what the load throws out (the backend's LRU may pick the
+            // model dearest to reload).
+            crate::services::node_api::make_room(fleet, c.node, &c.model).await;
+        }
         let ended = {
             let run = attempt::run(session, fleet, &d);
             tokio::pin!(run);

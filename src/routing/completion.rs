@@ -222,6 +222,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         load_s: None,
         observed: 0,
         last_ms: None,
+        gap_s: None,
         ..r
     };
     Some(Peers {

@@ -87,7 +87,7 @@ pub(super) fn window_fits(model: &ModelView, needed: u64) -> bool {
 /// models hold), capped by the capacity learner's ceiling. A node whose memory is unknown
 /// (no `memory_gb`, no agent report) is not held to a fit it cannot be judged on.
 pub(super) fn available_gb(node: &NodeView) -> f64 {
-    available_with(node, 0.0)
+    available_with(node, 0.0, model_gb)
 }
 
 /// Completion mode: the memory a cold load gets once the backend evicts idle models (Ollama
@@ -100,16 +100,22 @@ pub(super) fn available_gb_evicting(node: &NodeView, busy: impl Fn(&str) -> bool
         .filter(|m| m.loaded && !busy(&m.name))
         .map(model_gb)
         .sum();
-    available_with(node, idle)
+    available_with(node, idle, model_gb)
 }
 
-fn available_with(node: &NodeView, evictable_gb: f64) -> f64 {
+/// Free memory plus `evictable_gb`, each loaded model holding `held` (capped as
+/// [`available_gb`]).
+pub(super) fn available_with(
+    node: &NodeView,
+    evictable_gb: f64,
+    held: impl Fn(&ModelView) -> f64,
+) -> f64 {
     if node.free_memory_gb.is_none() && node.memory_gb <= 0.0 && node.learning.is_none() {
         return f64::INFINITY;
     }
     let free = evictable_gb
         + node.free_memory_gb.unwrap_or_else(|| {
-            let held: f64 = node.models.iter().filter(|m| m.loaded).map(model_gb).sum();
+            let held: f64 = node.models.iter().filter(|m| m.loaded).map(held).sum();
             node.memory_gb - held
         });
     let ceiling = node

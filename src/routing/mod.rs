@@ -8,6 +8,7 @@
 //! | `signals.rs` | Stage 2: the 8 signals of spec 000, tier weight, load tie-breaker |
 //! | `affinity.rs` | conversation key (HMAC) and rendezvous hashing |
 //! | `completion.rs` | completion mode: predicted wait + load + prefill + decode per pair |
+//! | `evict.rs` | completion mode: which idle models a cold load unloads to make room |
 //! | `decide.rs` | the pass over (node, model) pairs, provisional cap, fallback chain |
 //! | `servable.rs` | what no node could ever serve (refused at once) |
 //! | `resolve.rs` | `models.resolve`: coding-agent model ids by tier to a fleet model |
@@ -16,6 +17,7 @@ mod affinity;
 mod completion;
 mod decide;
 mod eliminate;
+mod evict;
 mod policy;
 mod resolve;
 mod servable;
@@ -36,6 +38,7 @@ mod tests;
 pub use self::affinity::{conversation_key, prefix_key, rendezvous_weight};
 pub use self::completion::{priors, Prediction};
 pub use self::decide::decide;
+pub use self::evict::victims;
 pub use self::policy::{Policy, PolicyError};
 pub use self::resolve::{glob, ModelTier, Resolve, TierRule};
 pub use self::servable::unservable_tags;

@@ -225,6 +225,24 @@ pub struct Rates {
     /// Responses observed, and when the last one was (ms).
     pub observed: u32,
     pub last_ms: Option<u64>,
+    /// Seconds between responses (time-decayed mean; `None` before the second): with
+    /// `last_ms`, how often the pair is asked for ([`Rates::demand_per_s`]).
+    pub gap_s: Option<f64>,
+}
+
+impl Rates {
+    /// Responses per second the pair serves lately: one per mean gap between its responses,
+    /// fewer once the last is older than that gap (a model gone quiet). Before a second
+    /// response there is no gap: at most one was served in the time the gateway has been
+    /// watching (since `since_ms`).
+    pub fn demand_per_s(&self, since_ms: u64, now_ms: u64) -> f64 {
+        let watched_s = now_ms.saturating_sub(since_ms).max(1) as f64 / 1000.0;
+        let (Some(gap), Some(last)) = (self.gap_s, self.last_ms) else {
+            return 1.0 / watched_s;
+        };
+        let since_last_s = now_ms.saturating_sub(last) as f64 / 1000.0;
+        1.0 / gap.max(since_last_s).max(0.001)
+    }
 }
 
 /// Why a (node, model) pair cannot serve the request.

@@ -49,6 +49,72 @@ pub async fn load(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String> 
     post(fleet, idx, "/api/generate", body, Duration::from_secs(600)).await
 }
 
+/// Unload `model` from node `idx` now (Ollama: generate with no prompt and keep_alive 0).
+pub async fn unload(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String> {
+    let body = serde_json::json!({"model": model, "keep_alive": 0});
+    post(
+        fleet,
+        idx,
+        "/api/generate",
+        body,
+        fleet.config().health.poll_timeout,
+    )
+    .await
+}
+
+/// Completion mode, before a cold load of `model` on node `idx`: unload the idle models that
+/// make room at the least expected reload time (`routing::victims`) instead of leaving the
+/// choice to the backend's least-recently-used rule. Does nothing where the gateway cannot
+/// manage models or nothing needs to go; a failed unload is logged and the load goes on
+/// (the backend then evicts as it would have).
+pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
+    let config = fleet.config();
+    let policy = &config.routing.policy;
+    if policy.mode != crate::routing::Mode::Completion || !can_manage(fleet, idx) {
+        return;
+    }
+    let view = fleet.view();
+    let Some(node) = view.nodes.get(idx) else {
+        return;
+    };
+    let now = super::now_ms();
+    let victims = crate::routing::victims(
+        policy,
+        node,
+        idx,
+        model,
+        fleet,
+        (fleet.watching_since_ms, now),
+    );
+    if victims.is_empty() {
+        return;
+    }
+    let mut gone = Vec::with_capacity(victims.len());
+    for v in victims {
+        match unload(fleet, idx, &v).await {
+            Ok(()) => gone.push(v),
+            Err(e) => log::warn!(
+                "node {}: unloading {v} to make room for {model}: {e}",
+                node.id
+            ),
+        }
+    }
+    if !gone.is_empty() {
+        log::info!(
+            "node {}: unloaded {} to make room for {model}",
+            node.id,
+            gone.join(", ")
+        );
+        for v in &gone {
+            crate::metrics::METRICS
+                .evictions
+                .with_label_values(&[&node.id, v])
+                .inc();
+        }
+        fleet.mark_unloaded(idx, &gone, now);
+    }
+}
+
 /// Pull `model` onto node `idx` (Ollama /api/pull, waiting for it to finish).
 pub async fn pull(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String> {
     let body = serde_json::json!({"model": model, "stream": false});
