@@ -518,14 +518,7 @@ fn a_cold_load_unloads_the_model_cheapest_to_reload_not_the_least_recent() {
         let r = post(&gw, &chat("new:14b", "x"), &[]).await;
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
-        let ps: Value = client()
-            .get(format!("http://{}/api/ps", node_sim.addr()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let ps = get_json(&format!("http://{}/api/ps", node_sim.addr())).await;
         let mut loaded: Vec<&str> = ps["models"]
             .as_array()
             .unwrap()

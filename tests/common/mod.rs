@@ -132,14 +132,19 @@ pub fn served(sim: &SimHandle) -> u64 {
 
 /// GET a JSON document from the gateway's admin listener.
 pub async fn admin_json(gw: &Gateway, path: &str) -> serde_json::Value {
+    get_json(&gw.admin_url(path)).await
+}
+
+/// GET a JSON document (an admin path, a sim node's `/api/ps` ...).
+pub async fn get_json(url: &str) -> serde_json::Value {
     client()
-        .get(gw.admin_url(path))
+        .get(url)
         .send()
         .await
-        .expect("admin request")
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
         .json()
         .await
-        .expect("admin JSON")
+        .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}"))
 }
 
 /// POST `body` to an admin explain path (`/fleet/explain` or `/fleet/explain/<api path>`).
