@@ -490,6 +490,50 @@ fn a_short_prompt_does_not_wait_behind_a_long_prefill() {
     });
 }
 
+/// The models a sim node has loaded (its `/api/ps`), sorted.
+async fn loaded_on(sim: &fleetgate::sim::SimHandle) -> Vec<String> {
+    let ps = get_json(&format!("http://{}/api/ps", sim.addr())).await;
+    let mut loaded: Vec<String> = ps["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    loaded.sort();
+    loaded
+}
+
+/// Node `id`, 36 GB, holding `small` (5 GB) and `large` (20 GB) loaded, with new:14b (10 GB)
+/// on disk: 5.5 + 22 resident leave 8.5, new needs 11, so one of the two must go. The
+/// gateway (completion mode, the default) polls it once.
+fn crowded(
+    rt: &tokio::runtime::Runtime,
+    id: &str,
+    small: &str,
+    large: &str,
+) -> (fleetgate::sim::SimHandle, Gateway) {
+    let models = [
+        format!("{{name: {small}, size_gb: 5, loaded: true, cold_load_ms: 10}}"),
+        format!("{{name: {large}, size_gb: 20, loaded: true, cold_load_ms: 10}}"),
+        "{name: new:14b, size_gb: 10, cold_load_ms: 10}".to_string(),
+    ]
+    .map(|m| format!("  - {m}\n"))
+    .concat();
+    let node_sim = sim(rt, &spec(4, 36, &models));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\n{}",
+        fleet(&[node(id, &node_sim, "      memory_gb: 36\n")])
+    ));
+    (node_sim, gw)
+}
+
+/// A chat for `model` answered 200, read to the end.
+async fn served_ok(gw: &Gateway, model: &str) {
+    let r = post(gw, &chat(model, "x"), &[]).await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+}
+
 /// Completion mode chooses what a cold load throws out. The node holds a model that is cheap
 /// to reload and one that is dear (20 GB) and in demand, the dear one used least recently:
 /// left to the node, loading a third model evicts the dear one (LRU). The gateway unloads the
@@ -497,48 +541,42 @@ fn a_short_prompt_does_not_wait_behind_a_long_prefill() {
 #[test]
 fn a_cold_load_unloads_the_model_cheapest_to_reload_not_the_least_recent() {
     let rt = runtime();
-    let models = concat!(
-        "  - {name: cheap:7b, size_gb: 5, loaded: true, cold_load_ms: 10}\n",
-        "  - {name: dear:30b, size_gb: 20, loaded: true, cold_load_ms: 10}\n",
-        "  - {name: new:14b, size_gb: 10, cold_load_ms: 10}\n",
-    );
-    // 36 GB: cheap (5.5 resident) and dear (22) leave 8.5, new needs 11.
-    let node_sim = sim(&rt, &spec(4, 36, models));
-    let gw = Gateway::start(&format!(
-        "health:\n  poll_interval_ms: 600000\n{}",
-        fleet(&[node("ev", &node_sim, "      memory_gb: 36\n")])
-    ));
+    let (node_sim, gw) = crowded(&rt, "ev", "cheap:7b", "dear:30b");
     rt.block_on(async {
         // Dear asked for four times in a row, then (most recently) cheap once.
         for model in ["dear:30b", "dear:30b", "dear:30b", "dear:30b", "cheap:7b"] {
-            let r = post(&gw, &chat(model, "x"), &[]).await;
-            assert_eq!(r.status(), 200);
-            r.bytes().await.unwrap();
+            served_ok(&gw, model).await;
         }
-        let r = post(&gw, &chat("new:14b", "x"), &[]).await;
-        assert_eq!(r.status(), 200);
-        r.bytes().await.unwrap();
-        let ps = get_json(&format!("http://{}/api/ps", node_sim.addr())).await;
-        let mut loaded: Vec<&str> = ps["models"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["name"].as_str().unwrap())
-            .collect();
-        loaded.sort();
-        assert_eq!(loaded, ["dear:30b", "new:14b"], "{ps:#}");
+        served_ok(&gw, "new:14b").await;
+        assert_eq!(loaded_on(&node_sim).await, ["dear:30b", "new:14b"]);
         let text = metrics(&gw).await;
         assert!(
             text.contains(r#"fleetgate_routing_evictions_total{model="cheap:7b",node="ev"} 1"#),
             "{text}"
         );
-        let r = post(&gw, &chat("dear:30b", "y"), &[]).await;
-        assert_eq!(r.status(), 200);
-        r.bytes().await.unwrap();
+        served_ok(&gw, "dear:30b").await;
     });
     assert_eq!(
         node_sim.control().stats().loads,
         ["new:14b"],
         "one cold load, nothing reloaded"
     );
+}
+
+/// Demand outweighs reload time: a 20 GB model nobody has asked for goes before a 5 GB one in
+/// use, although the node (LRU) would throw out the small one (touched longest ago) and the
+/// large one takes four times as long to read back in.
+#[test]
+fn a_cold_load_unloads_the_model_nobody_asks_for_though_dearer_to_reload() {
+    let rt = runtime();
+    let (node_sim, gw) = crowded(&rt, "ev2", "hot:7b", "idle:30b");
+    rt.block_on(async {
+        for _ in 0..4 {
+            served_ok(&gw, "hot:7b").await;
+        }
+        // Someone at the node's own console touches idle:30b: the most recently used now.
+        node_sim.control().load_model("idle:30b");
+        served_ok(&gw, "new:14b").await;
+        assert_eq!(loaded_on(&node_sim).await, ["hot:7b", "new:14b"]);
+    });
 }

@@ -138,8 +138,8 @@ pub struct Fleet {
     pub prefixes: PrefixMemory,
     /// Client connections and buffered request bodies (`clients:`).
     pub clients: Arc<crate::clients::ClientGuards>,
-    /// When this process began watching the fleet, ms: a model it never saw asked for has
-    /// been asked for less than once in the time since.
+    /// When this process began watching the fleet, ms: a model it saw asked for at most once
+    /// has been asked for about once in the time since.
     pub watching_since_ms: u64,
 }
 
@@ -390,18 +390,32 @@ impl Fleet {
         self.publish();
     }
 
-    /// The gateway unloaded `models` from node `idx` (to make room for a cold load): routing
-    /// sees them unloaded at once instead of at the next poll.
-    pub fn mark_unloaded(&self, idx: usize, models: &[String], now_ms: u64) {
+    /// The gateway is about to unload `model` from node `idx` (to make room for a cold load):
+    /// routing sees it unloaded at once, its memory free, instead of at the next poll. False
+    /// (nothing changed) when it is not loaded as far as the gateway knows, or a request is
+    /// running or waiting for it: another request unloaded it first, or it is in use again.
+    pub fn claim_unload(&self, idx: usize, model: &str, now_ms: u64) -> bool {
         {
             let node = self.node(idx);
+            if node
+                .peek(model)
+                .is_some_and(|c| c.load().in_flight.saturating_add(c.load().pending) > 0)
+            {
+                return false;
+            }
             let mut live = node.live.lock();
-            for m in live.models.iter_mut().filter(|m| models.contains(&m.name)) {
-                m.loaded = false;
-                m.unloaded_at_ms = Some(now_ms);
+            let Some(m) = live.models.iter_mut().find(|m| m.name == model && m.loaded) else {
+                return false;
+            };
+            m.loaded = false;
+            m.unloaded_at_ms = Some(now_ms);
+            let freed = m.resident_gb.unwrap_or(m.size_gb);
+            if let Some(free) = live.free_memory_gb.as_mut() {
+                *free += freed;
             }
         }
         self.publish();
+        true
     }
 
     /// Rebuild the routing snapshot from config + live state.

@@ -20,6 +20,20 @@ use crate::routing::Rates;
 
 pub const STATE_FILE: &str = "rates.json";
 
+/// Gaps between responses kept per pair (their median is the pair's typical gap).
+const GAPS: usize = 5;
+
+/// The lower median (of an even count, the smaller middle one: the shorter gap, the higher
+/// demand); `None` when empty.
+fn median_low(xs: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[(v.len() - 1) / 2])
+}
+
 /// What one response tells about its node:model (assembled by `proxy::outcome::account`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Observation {
@@ -69,9 +83,11 @@ pub struct PairRates {
     load: Mean,
     service: Mean,
     output: Mean,
-    /// Seconds between responses (at least the clock's millisecond).
+    /// Seconds between the last [`GAPS`] responses (at least the clock's millisecond), oldest
+    /// first; their median is the pair's typical gap, so one long pause (a night, a restart)
+    /// does not hide a model that is asked for again every few seconds.
     #[serde(default)]
-    gap: Mean,
+    gaps: Vec<f64>,
     observed: u32,
     last_ms: Option<u64>,
 }
@@ -161,8 +177,11 @@ impl PairRates {
             self.decode.add(streams, g / n, now);
         }
         if let Some(last) = self.last_ms {
-            self.gap
-                .add((now.saturating_sub(last) as f64 / 1000.0).max(0.001), now);
+            if self.gaps.len() >= GAPS {
+                self.gaps.remove(0);
+            }
+            self.gaps
+                .push((now.saturating_sub(last) as f64 / 1000.0).max(0.001));
         }
         self.observed = self.observed.saturating_add(1);
         self.last_ms = Some(now);
@@ -201,7 +220,7 @@ impl PairRates {
             output_tokens: self.output.get(),
             observed: self.observed,
             last_ms: self.last_ms,
-            gap_s: self.gap.get(),
+            gap_s: median_low(&self.gaps),
         }
     }
 }
@@ -437,5 +456,29 @@ mod tests {
         std::fs::write(dir.join(STATE_FILE), "{").unwrap();
         assert!(RatesStore::load(&dir).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// How often a pair is asked for follows its last few gaps: an 8-hour pause (a night, a
+    /// restart) is one gap among five, so three responses 2 s apart after it read as 2 s.
+    #[test]
+    fn a_long_pause_does_not_hide_a_model_asked_for_again() {
+        let mut r = PairRates::default();
+        let mut at = 1_000_000;
+        for _ in 0..3 {
+            r.observe(&response(at, 500, 1, 2_000.0, 50.0, 0.0));
+            at += 2_000;
+        }
+        assert_eq!(r.rates().gap_s, Some(2.0));
+        at += 8 * 3_600 * 1_000;
+        r.observe(&response(at, 500, 1, 2_000.0, 50.0, 0.0));
+        for _ in 0..3 {
+            at += 2_000;
+            r.observe(&response(at, 500, 1, 2_000.0, 50.0, 0.0));
+        }
+        assert_eq!(r.rates().gap_s, Some(2.0));
+        let demand = r.rates().demand_per_s(0, at + 500);
+        assert!((demand - 0.5).abs() < 1e-9, "{demand}");
+        // Quiet for a minute: at most one per minute.
+        assert!((r.rates().demand_per_s(0, at + 60_000) - 1.0 / 60.0).abs() < 1e-9);
     }
 }

@@ -103,8 +103,8 @@ pub(super) fn available_gb_evicting(node: &NodeView, busy: impl Fn(&str) -> bool
     available_with(node, idle, model_gb)
 }
 
-/// Free memory plus `evictable_gb`, each loaded model holding `held` (capped as
-/// [`available_gb`]).
+/// Free memory plus `evictable_gb`, capped as [`available_gb`]: the node's reported free
+/// memory, else its total less what each loaded model holds (`held`).
 pub(super) fn available_with(
     node: &NodeView,
     evictable_gb: f64,

@@ -28,9 +28,10 @@ struct Idle<'a> {
 }
 
 /// The idle models to unload from node `idx` (`node` as routing saw it) before loading
-/// `model` there, cheapest set first; empty when the model is loaded, fits as things are, or
-/// no set of idle models makes room (the backend then does what it does). `since_ms`: when
-/// the gateway began watching the node's traffic.
+/// `model` there: the cheapest set that makes room; empty when the model is loaded, fits as
+/// things are, or no set of idle models makes room (the backend then does what it does).
+/// `since_ms`: when the gateway began watching (its start; a node registered later is
+/// taken as watched since then too).
 pub fn victims(
     policy: &Policy,
     node: &NodeView,
@@ -105,15 +106,20 @@ fn held_gb(model: &ModelView, g: f64) -> f64 {
 
 /// Free memory for a cold load of `target` with nothing evicted, GB as they will be held:
 /// loaded models, and the other cold loads in progress (models the view has not loaded that
-/// requests were sent to: their weights are being read in), count as [`held_gb`].
+/// requests were sent to: their weights are being read in), count as [`held_gb`]. Negative
+/// when the loads in progress already overdraw it. A node that reports its free memory has
+/// counted the loads in progress itself.
 fn free_gb_held(node: &NodeView, target: &str, busy: impl Fn(&str) -> bool, g: f64) -> f64 {
-    let loading: f64 = node
-        .models
-        .iter()
-        .filter(|m| !m.loaded && m.name != target && busy(&m.name))
-        .map(|m| held_gb(m, g))
-        .sum();
-    (available_with(node, 0.0, |m| held_gb(m, g)) - loading).max(0.0)
+    let loading: f64 = if node.free_memory_gb.is_some() {
+        0.0
+    } else {
+        node.models
+            .iter()
+            .filter(|m| !m.loaded && m.name != target && busy(&m.name))
+            .map(|m| held_gb(m, g))
+            .sum()
+    };
+    available_with(node, 0.0, |m| held_gb(m, g)) - loading
 }
 
 /// Seconds to read the model back in: what its loads took, else size over the node's (else
@@ -284,6 +290,10 @@ mod tests {
             pick(&ws, "coder", &TableLoads::default()).is_empty(),
             "nothing loading"
         );
+        // A node that reports its free memory has counted the load in progress itself: 13
+        // free means 7 short, mid goes (not big's 40 taken off again).
+        ws.free_memory_gb = Some(13.0);
+        assert_eq!(pick(&ws, "coder", &loads), ["mid"]);
     }
 
     #[test]

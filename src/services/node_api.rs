@@ -91,12 +91,20 @@ pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
     }
     let mut gone = Vec::with_capacity(victims.len());
     for v in victims {
+        // Claimed before the call, so no request is routed to it meanwhile; not at all when a
+        // request took it up since, or another cold load unloaded it first.
+        if !fleet.claim_unload(idx, &v, now) {
+            continue;
+        }
         match unload(fleet, idx, &v).await {
             Ok(()) => gone.push(v),
-            Err(e) => log::warn!(
-                "node {}: unloading {v} to make room for {model}: {e}",
-                node.id
-            ),
+            Err(e) => {
+                log::warn!(
+                    "node {}: unloading {v} to make room for {model}: {e}",
+                    node.id
+                );
+                fleet.mark_loaded(idx, &v);
+            }
         }
     }
     if !gone.is_empty() {
@@ -111,7 +119,6 @@ pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
                 .with_label_values(&[&node.id, v])
                 .inc();
         }
-        fleet.mark_unloaded(idx, &gone, now);
     }
 }
 
