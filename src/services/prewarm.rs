@@ -68,6 +68,8 @@ impl Prewarm {
                     view.nodes[idx].id
                 );
                 tokio::spawn(async move {
+                    // What the load throws out is chosen as for a request's cold load.
+                    node_api::make_room(&fleet, target, &model).await;
                     if let Err(e) = node_api::load(&fleet, target, &model).await {
                         log::warn!("pre-warm {model} on {node_id}: {e}");
                     }
