@@ -547,6 +547,8 @@ fn a_cold_load_unloads_the_model_cheapest_to_reload_not_the_least_recent() {
         for model in ["dear:30b", "dear:30b", "dear:30b", "dear:30b", "cheap:7b"] {
             served_ok(&gw, model).await;
         }
+        let e = explain(&gw, "/fleet/explain", &chat("new:14b", "x")).await;
+        assert_eq!(e["evicts"], json!(["cheap:7b"]), "{e:#}");
         served_ok(&gw, "new:14b").await;
         assert_eq!(loaded_on(&node_sim).await, ["dear:30b", "new:14b"]);
         let text = metrics(&gw).await;

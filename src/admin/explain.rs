@@ -38,6 +38,9 @@ pub struct Report<'a> {
     pub ranked: &'a [Choice],
     pub affinity: AffinityKind,
     pub no_route: Option<NoRoute>,
+    /// Completion mode: the idle models the winner's cold load would unload first to make
+    /// room (`routing::victims`); empty when nothing has to go.
+    pub evicts: Vec<String>,
     pub table: Vec<ExplainRow<'a>>,
 }
 
@@ -61,8 +64,35 @@ impl<'a> Report<'a> {
             ranked: &decision.ranked,
             affinity: decision.affinity,
             no_route: decision.no_route,
+            evicts: Vec::new(),
             table: decision.explain(req, view),
         }
+    }
+
+    /// With what the winner's cold load would unload on `fleet` now (see [`Report::evicts`]).
+    pub fn evicting(mut self, fleet: &Fleet, view: &routing::FleetView) -> Report<'a> {
+        let policy = &fleet.config().routing.policy;
+        self.evicts = match self.winner {
+            Some(w)
+                if w.cold
+                    && policy.mode == routing::Mode::Completion
+                    && crate::services::node_api::can_manage(fleet, w.node) =>
+            {
+                view.nodes.get(w.node).map_or_else(Vec::new, |n| {
+                    let now = crate::services::now_ms();
+                    routing::victims(
+                        policy,
+                        n,
+                        w.node,
+                        &w.model,
+                        fleet,
+                        (fleet.watching_since_ms, now),
+                    )
+                })
+            }
+            _ => Vec::new(),
+        };
+        self
     }
 
     /// A plain-text table, one line per node and candidate model.
@@ -145,7 +175,11 @@ impl<'a> Report<'a> {
                     None => format!("score {:.1}", w.score),
                 },
                 if w.fallback { " (fallback)" } else { "" },
-                if w.cold { " (cold load)" } else { "" }
+                match (w.cold, self.evicts.is_empty()) {
+                    (false, _) => String::new(),
+                    (true, true) => " (cold load)".to_string(),
+                    (true, false) => format!(" (cold load, unloads {})", self.evicts.join(", ")),
+                }
             )),
             (None, Some(n)) => out.push_str(&format!("no route: {n:?}\n")),
             (None, None) => {}
@@ -205,7 +239,8 @@ pub fn explain_json(
 ) -> Result<serde_json::Value, String> {
     let (ep, req, decision, view) = decide_for(fleet, path, headers, body)?;
     let mode = fleet.config().routing.policy.mode;
-    serde_json::to_value(Report::new(ep, &req, &decision, &view, mode)).map_err(|e| e.to_string())
+    let report = Report::new(ep, &req, &decision, &view, mode).evicting(fleet, &view);
+    serde_json::to_value(report).map_err(|e| e.to_string())
 }
 
 /// What the proxy would decide for `body` on `path` now: intake and `routing::decide`, with
@@ -311,7 +346,7 @@ pub fn explain_offline(
     let h = RequestHeader::build("POST", path.as_bytes(), None).map_err(|e| e.to_string())?;
     let (ep, req, decision, view) = decide_for(&fleet, path, &h, body)?;
     let mode = fleet.config().routing.policy.mode;
-    let report = Report::new(ep, &req, &decision, &view, mode);
+    let report = Report::new(ep, &req, &decision, &view, mode).evicting(&fleet, &view);
     let routed = decision.winner().is_some();
     let mut text = if json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
