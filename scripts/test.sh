@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --sdks --prometheus --llamacpp --browser
 export FLEETGATE_TEST_PYTHON="$PWD/.venv/bin/python"
 export FLEETGATE_LLAMACPP_HOME="${FLEETGATE_LLAMACPP_HOME:-$PWD/.cache/llamacpp}"
-if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --all-targets --no-fail-fast "$@"
-  cargo test --doc -q
-else
-  cargo test --all-targets "$@"
+# Each test in its own process (nextest): the metrics registry is process-wide, and tests
+# that count what a gateway exported (observability, http_edges, first_scrape) would count
+# their neighbours' requests under plain `cargo test` (4 failed that way in stop 23).
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "test.sh: installing cargo-nextest (tests run one process each)" >&2
+  cargo install --locked cargo-nextest
 fi
+cargo nextest run --all-targets --no-fail-fast "$@"
+cargo test --doc -q
