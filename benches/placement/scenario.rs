@@ -199,6 +199,14 @@ pub fn gateway_yaml(nodes: &[Node], sims: &[SimHandle], mode: Option<Mode>) -> S
     );
     if let Some(m) = mode {
         y += &format!("routing:\n  mode: {}\n  prefix_affinity: true\n", m.key());
+        // A/B runs of one knob: `FLEETGATE_BENCH_POLICY="completion_choose_evictions: false"`
+        // (`;` between settings) goes into `routing.policy`.
+        if let Ok(p) = std::env::var("FLEETGATE_BENCH_POLICY") {
+            y += "  policy:\n";
+            for kv in p.split(';').map(str::trim).filter(|kv| !kv.is_empty()) {
+                y += &format!("    {kv}\n");
+            }
+        }
     }
     y += "fleet:\n  nodes:\n";
     for (n, s) in nodes.iter().zip(sims) {

@@ -76,6 +76,7 @@ impl<'a> Report<'a> {
             Some(w)
                 if w.cold
                     && policy.mode == routing::Mode::Completion
+                    && policy.completion_choose_evictions
                     && crate::services::node_api::can_manage(fleet, w.node) =>
             {
                 view.nodes.get(w.node).map_or_else(Vec::new, |n| {

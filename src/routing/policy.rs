@@ -133,6 +133,10 @@ pub struct Policy {
     /// multiplied by `completion_explore_factor`, so an untried node gets a request.
     pub completion_explore_after_s: u64,
     pub completion_explore_factor: f64,
+    /// Before a cold load on a node the gateway manages (Ollama), unload the idle models
+    /// cheapest to reload (`evict.rs`) instead of leaving the choice to the backend's own
+    /// least-recently-used rule.
+    pub completion_choose_evictions: bool,
 
     // ---- Output ---------------------------------------------------------------------------
     /// Most entries kept in `Decision::ranked` (winner + runners-up for retries / pre-warm).
@@ -216,6 +220,7 @@ impl Default for Policy {
             completion_prefill_per_decode: 20.0,
             completion_explore_after_s: 60,
             completion_explore_factor: 0.5,
+            completion_choose_evictions: true,
 
             max_ranked: 16,
         }

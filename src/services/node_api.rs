@@ -70,7 +70,10 @@ pub async fn unload(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String
 pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
     let config = fleet.config();
     let policy = &config.routing.policy;
-    if policy.mode != crate::routing::Mode::Completion || !can_manage(fleet, idx) {
+    if policy.mode != crate::routing::Mode::Completion
+        || !policy.completion_choose_evictions
+        || !can_manage(fleet, idx)
+    {
         return;
     }
     let view = fleet.view();
