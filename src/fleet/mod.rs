@@ -543,3 +543,50 @@ impl Fleet {
         self.node(idx).live.lock().health != Health::Offline
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn polled(models: &[(&str, bool)]) -> Arc<Fleet> {
+        let yaml = "fleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n      capacity: 4\n";
+        let fleet = Fleet::new(Arc::new(crate::config::Config::from_yaml(yaml).unwrap()));
+        let models = models
+            .iter()
+            .map(|(name, loaded)| LiveModel {
+                name: name.to_string(),
+                size_gb: 10.0,
+                resident_gb: loaded.then_some(11.0),
+                loaded: *loaded,
+                on_disk: true,
+                ..LiveModel::default()
+            })
+            .collect();
+        let report = PollReport::Ok {
+            models,
+            seats: None,
+            now_ms: 1_000,
+        };
+        fleet.apply_poll(0, report, 1);
+        fleet
+    }
+
+    /// An unload the gateway is about to send shows in routing's view at once, once: a second
+    /// claim (another cold load choosing the same victim), a model not loaded and a model a
+    /// request has taken up since are refused.
+    #[test]
+    fn a_claimed_unload_shows_at_once_and_only_for_an_idle_loaded_model() {
+        let fleet = polled(&[("idle", true), ("busy", true), ("cold", false)]);
+        let seat = fleet.try_lease(0, "busy").expect("a free seat");
+        assert!(fleet.claim_unload(0, "idle", 2_000));
+        let m = fleet.view().nodes[0].model("idle").cloned().unwrap();
+        assert!(!m.loaded);
+        assert_eq!(m.unloaded_at_ms, Some(2_000));
+        assert!(!fleet.claim_unload(0, "idle", 2_001), "already claimed");
+        assert!(!fleet.claim_unload(0, "cold", 2_001), "not loaded");
+        assert!(!fleet.claim_unload(0, "busy", 2_001), "a request holds it");
+        assert!(fleet.view().nodes[0].model("busy").unwrap().loaded);
+        drop(seat);
+        assert!(fleet.claim_unload(0, "busy", 2_002), "idle again");
+    }
+}
