@@ -39,7 +39,8 @@ pub struct Report<'a> {
     pub affinity: AffinityKind,
     pub no_route: Option<NoRoute>,
     /// Completion mode: the idle models the winner's cold load would unload first to make
-    /// room (`routing::victims`); empty when nothing has to go.
+    /// room (`node_api::victims`, set by [`Report::evicting`]); empty when nothing has to go,
+    /// and for the fleet page's past decisions.
     pub evicts: Vec<String>,
     pub table: Vec<ExplainRow<'a>>,
 }
@@ -71,26 +72,8 @@ impl<'a> Report<'a> {
 
     /// With what the winner's cold load would unload on `fleet` now (see [`Report::evicts`]).
     pub fn evicting(mut self, fleet: &Fleet, view: &routing::FleetView) -> Report<'a> {
-        let policy = &fleet.config().routing.policy;
         self.evicts = match self.winner {
-            Some(w)
-                if w.cold
-                    && policy.mode == routing::Mode::Completion
-                    && policy.completion_choose_evictions
-                    && crate::services::node_api::can_manage(fleet, w.node) =>
-            {
-                view.nodes.get(w.node).map_or_else(Vec::new, |n| {
-                    let now = crate::services::now_ms();
-                    routing::victims(
-                        policy,
-                        n,
-                        w.node,
-                        &w.model,
-                        fleet,
-                        (fleet.watching_since_ms, now),
-                    )
-                })
-            }
+            Some(w) if w.cold => crate::services::node_api::victims(fleet, view, w.node, &w.model),
             _ => Vec::new(),
         };
         self

@@ -397,10 +397,7 @@ impl Fleet {
     pub fn claim_unload(&self, idx: usize, model: &str, now_ms: u64) -> bool {
         {
             let node = self.node(idx);
-            if node
-                .peek(model)
-                .is_some_and(|c| c.load().in_flight.saturating_add(c.load().pending) > 0)
-            {
+            if node.peek(model).is_some_and(|c| c.load().busy()) {
                 return false;
             }
             let mut live = node.live.lock();

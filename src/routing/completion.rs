@@ -257,7 +257,7 @@ fn held_back(x: &Input<'_>) -> bool {
 
 /// A never-observed pair of the model is being tried: this one, or another anywhere.
 fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
-    peers.probing || x.load.in_flight.saturating_add(x.load.pending) > 0
+    peers.probing || x.load.busy()
 }
 
 fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
@@ -369,7 +369,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         prefill_s *= p.completion_explore_factor;
         decode_s *= p.completion_explore_factor;
     }
-    let depth = x.load.in_flight.saturating_add(x.load.pending);
+    let depth = x.load.depth();
     let ahead = depth.saturating_add(1).saturating_sub(seats);
     // A node that prefills one prompt at a time does those sent before this one first (less
     // what it has done of the first since it could start): this one's prefill starts once
@@ -416,6 +416,16 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     }
 }
 
+/// Seconds to read `m` from the node's disk into memory: what its loads took (`observed`),
+/// else its size over the node's read speed (else the policy's prior). A reload after an
+/// eviction costs the same (`evict`).
+pub(super) fn read_s(p: &Policy, node: &NodeView, m: &ModelView, observed: Option<f64>) -> f64 {
+    positive(observed).unwrap_or_else(|| {
+        m.resident_gb.unwrap_or(m.size_gb).max(0.0)
+            / positive(node.load_gbps).unwrap_or(p.completion_load_gbps)
+    })
+}
+
 /// Cold-load seconds: 0 when loaded with a window that holds the request (a smaller loaded
 /// window means a reload); observed load time, else size over read (or pull) speed.
 fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
@@ -427,8 +437,7 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
         return 0.0;
     }
     let gb = m.resident_gb.unwrap_or(m.size_gb).max(0.0);
-    let read = positive(x.rates.load_s)
-        .unwrap_or_else(|| gb / positive(x.node.load_gbps).unwrap_or(p.completion_load_gbps));
+    let read = read_s(p, x.node, m, x.rates.load_s);
     if m.on_disk || m.loaded {
         read
     } else {

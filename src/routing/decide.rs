@@ -110,10 +110,9 @@ fn decide_once(
             // Is some never-observed pair of this model being tried now (fleet-wide)?
             let name = &req.models[pos];
             let probing = fleet.nodes.iter().enumerate().any(|(idx, node)| {
-                rates[idx * n_models + pos].observed == 0 && node.model(name).is_some() && {
-                    let load = loads.model(idx, name);
-                    load.in_flight.saturating_add(load.pending) > 0
-                }
+                rates[idx * n_models + pos].observed == 0
+                    && node.model(name).is_some()
+                    && loads.model(idx, name).busy()
             });
             Some(completion::Peers { probing, ..peers })
         })
@@ -136,10 +135,9 @@ fn decide_once(
         let available = match (node_out, policy.mode) {
             (Some(_), _) => 0.0,
             (None, Mode::Spec) => eliminate::available_gb(node),
-            (None, Mode::Completion) => eliminate::available_gb_evicting(node, |name| {
-                let load = loads.model(idx, name);
-                load.in_flight.saturating_add(load.pending) > 0
-            }),
+            (None, Mode::Completion) => {
+                eliminate::available_gb_evicting(node, |name| loads.model(idx, name).busy())
+            }
         };
         for (pos, name) in req.models.iter().enumerate() {
             let model = node.model(name);

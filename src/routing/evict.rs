@@ -8,6 +8,7 @@
 //! for at most once since the gateway began watching (`since_ms`): right after a start that
 //! is no evidence of being cold, after hours it is. Pure: time is an argument.
 
+use super::completion::read_s;
 use super::eliminate::available_with;
 use super::policy::Policy;
 use super::types::{Loads, ModelView, NodeView};
@@ -43,10 +44,7 @@ pub fn victims(
     let Some(target) = node.model(model).filter(|m| !m.loaded) else {
         return Vec::new();
     };
-    let busy = |name: &str| {
-        let l = loads.model(idx, name);
-        l.in_flight.saturating_add(l.pending) > 0
-    };
+    let busy = |name: &str| loads.model(idx, name).busy();
     let g = growth(node);
     let need = held_gb(target, g) - free_gb_held(node, model, busy, g);
     if need.is_nan() || need <= 0.0 || need.is_infinite() {
@@ -59,7 +57,7 @@ pub fn victims(
         .filter(|m| !busy(&m.name))
         .map(|m| {
             let rates = loads.rates(idx, &m.name);
-            let reload_s = reload_s(policy, node, m, rates.load_s);
+            let reload_s = read_s(policy, node, m, rates.load_s);
             Idle {
                 name: &m.name,
                 gb: held_gb(m, g),
@@ -120,18 +118,6 @@ fn free_gb_held(node: &NodeView, target: &str, busy: impl Fn(&str) -> bool, g: f
             .sum()
     };
     available_with(node, 0.0, |m| held_gb(m, g)) - loading
-}
-
-/// Seconds to read the model back in: what its loads took, else size over the node's (else
-/// the policy's) read speed.
-fn reload_s(policy: &Policy, node: &NodeView, m: &ModelView, observed: Option<f64>) -> f64 {
-    observed.filter(|s| *s > 0.0).unwrap_or_else(|| {
-        let gbps = node
-            .load_gbps
-            .filter(|g| *g > 0.0)
-            .unwrap_or(policy.completion_load_gbps);
-        m.size_gb / gbps.max(f64::MIN_POSITIVE)
-    })
 }
 
 /// Order of two sets: expected cost, then total reload time (what a cost of 0 cannot tell:

@@ -27,7 +27,7 @@ pub(super) struct Pair<'a> {
 
 /// Requests running or waiting for the model on the node, per seat (Signals 3, 4 and 8).
 pub(super) fn depth(load: &ModelLoad, node: &NodeView) -> f64 {
-    f64::from(load.in_flight.saturating_add(load.pending)) / f64::from(node.seats.max(1))
+    f64::from(load.depth()) / f64::from(node.seats.max(1))
 }
 
 pub(super) fn score(p: &Policy, pair: &Pair<'_>) -> Signals {

@@ -176,6 +176,19 @@ pub struct ModelLoad {
     pub observed_tps: Option<f64>,
 }
 
+impl ModelLoad {
+    /// Requests running or waiting for the model on the node.
+    pub fn depth(&self) -> u32 {
+        self.in_flight.saturating_add(self.pending)
+    }
+
+    /// Some request is running or waiting for it (it cannot be evicted; not loaded, it is
+    /// being loaded).
+    pub fn busy(&self) -> bool {
+        self.depth() > 0
+    }
+}
+
 /// A node's prefill queue: uncached prompt tokens sent to it and not answered yet, and when
 /// the first of them could start (ms; the last first byte, or its send to an idle queue).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -62,36 +62,45 @@ pub async fn unload(fleet: &Fleet, idx: usize, model: &str) -> Result<(), String
     .await
 }
 
+/// What a cold load of `model` on node `idx` would unload first, as `view` shows the node
+/// (`routing::victims`), where the gateway makes that choice: completion mode with
+/// `completion_choose_evictions`, on a node it manages. Empty elsewhere.
+pub fn victims(
+    fleet: &Fleet,
+    view: &crate::routing::FleetView,
+    idx: usize,
+    model: &str,
+) -> Vec<String> {
+    let config = fleet.config();
+    let policy = &config.routing.policy;
+    let chooses = policy.mode == crate::routing::Mode::Completion
+        && policy.completion_choose_evictions
+        && can_manage(fleet, idx);
+    match view.nodes.get(idx).filter(|_| chooses) {
+        Some(node) => crate::routing::victims(
+            policy,
+            node,
+            idx,
+            model,
+            fleet,
+            (fleet.watching_since_ms, super::now_ms()),
+        ),
+        None => Vec::new(),
+    }
+}
+
 /// Completion mode, before a cold load of `model` on node `idx`: unload the idle models that
 /// make room at the least expected reload time (`routing::victims`) instead of leaving the
 /// choice to the backend's least-recently-used rule. Does nothing where the gateway cannot
 /// manage models or nothing needs to go; a failed unload is logged and the load goes on
 /// (the backend then evicts as it would have).
 pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
-    let config = fleet.config();
-    let policy = &config.routing.policy;
-    if policy.mode != crate::routing::Mode::Completion
-        || !policy.completion_choose_evictions
-        || !can_manage(fleet, idx)
-    {
-        return;
-    }
     let view = fleet.view();
-    let Some(node) = view.nodes.get(idx) else {
+    let victims = victims(fleet, &view, idx, model);
+    let Some(node) = view.nodes.get(idx).filter(|_| !victims.is_empty()) else {
         return;
     };
     let now = super::now_ms();
-    let victims = crate::routing::victims(
-        policy,
-        node,
-        idx,
-        model,
-        fleet,
-        (fleet.watching_since_ms, now),
-    );
-    if victims.is_empty() {
-        return;
-    }
     let mut gone = Vec::with_capacity(victims.len());
     for v in victims {
         // Claimed before the call, so no request is routed to it meanwhile; not at all when a
