@@ -25,9 +25,10 @@ use crate::services::rebalance::Rebalance;
 
 /// Read buffer of each client connection. Pingora's default is 64 KiB, held for as long as
 /// the connection is open: with 2,000 open streams it was 44 % of the gateway's heap
-/// (heaptrack, `benches/sidebyside` streams phase). 16 KiB still takes a request head and
-/// a 1 or 8 KiB prompt in one read; larger reads bypass the buffer.
-const CLIENT_READ_BUFFER: usize = 16 * 1024;
+/// (heaptrack, `benches/sidebyside` streams phase). 4 KiB takes a request head and a small
+/// prompt in one read; a read larger than the buffer (Pingora's body reads) bypasses it, so
+/// 16 KiB bought nothing measurable and cost 12 KB per open connection (benches/README.md).
+const CLIENT_READ_BUFFER: usize = 4 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
