@@ -1,11 +1,15 @@
 //! Criterion bench of streaming protocol translation: a 256-token response translated event by
 //! event, fed in 1460-byte pieces (one TCP segment each), as the proxy's body filter does.
 //!
+//! Also the observer every proxied response passes through (`proxy::observe`, counting chunks
+//! and keeping the tail that `usage` is read from), fed one event per chunk as a node sends them.
+//!
 //! `cargo bench --bench translate` (per-stream time; divide by 256 for the cost per token)
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use fleetgate::protocol::translate::{Context, ResponseTranslator, Translation};
 use fleetgate::protocol::Endpoint;
+use fleetgate::proxy::observe::StreamObserver;
 
 const TOKENS: usize = 256;
 
@@ -85,6 +89,32 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| black_box(translate(t, black_box(body))))
         });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("observe_stream_256_tokens");
+    g.throughput(Throughput::Elements(TOKENS as u64));
+    for (name, body, sep) in [
+        ("openai_sse", &sse, &b"\n\n"[..]),
+        ("ollama_ndjson", &nd, &b"\n"[..]),
+    ] {
+        let events: Vec<&[u8]> = body
+            .split_inclusive(|&b| b == sep[0])
+            .filter(|e| e.len() > 1)
+            .collect();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut o = StreamObserver::default();
+                for e in &events {
+                    o.feed(black_box(e));
+                }
+                black_box(o.finish())
+            })
+        });
+        let mut o = StreamObserver::default();
+        for e in &events {
+            o.feed(e);
+        }
+        assert_eq!(o.finish().completion_tokens, Some(256), "{name} usage read");
     }
     g.finish();
 }

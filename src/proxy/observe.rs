@@ -3,6 +3,8 @@
 //! from (OpenAI `usage`, Ollama `eval_count`/`prompt_eval_count`/`eval_duration`, Anthropic
 //! `message_start`/`message_delta` usage).
 
+use std::collections::VecDeque;
+
 const HEAD: usize = 2048;
 const TAIL: usize = 4096;
 const PREFIX: usize = 16;
@@ -34,7 +36,9 @@ impl Observed {
 #[derive(Debug, Default)]
 pub struct StreamObserver {
     head: Vec<u8>,
-    tail: Vec<u8>,
+    /// The last `TAIL` bytes: a ring, so a token stream's every chunk does not move the
+    /// 4 KiB kept before it (a `Vec` drained at its front did).
+    tail: VecDeque<u8>,
     /// First bytes of the line being read.
     line: Vec<u8>,
     line_len: usize,
@@ -52,22 +56,28 @@ impl StreamObserver {
         }
         if bytes.len() >= TAIL {
             self.tail.clear();
-            self.tail.extend_from_slice(&bytes[bytes.len() - TAIL..]);
+            self.tail.extend(&bytes[bytes.len() - TAIL..]);
         } else {
             let over = (self.tail.len() + bytes.len()).saturating_sub(TAIL);
             self.tail.drain(..over);
-            self.tail.extend_from_slice(bytes);
+            self.tail.extend(bytes);
         }
-        for &b in bytes {
-            if b == b'\n' {
-                self.end_line();
-            } else {
-                if self.line.len() < PREFIX {
-                    self.line.push(b);
-                }
-                self.line_len += 1;
-            }
+        let mut rest = bytes;
+        while let Some(i) = memchr::memchr(b'\n', rest) {
+            self.line_part(&rest[..i]);
+            self.end_line();
+            rest = &rest[i + 1..];
         }
+        self.line_part(rest);
+    }
+
+    /// Bytes of the line being read (no newline among them): its first `PREFIX` kept.
+    fn line_part(&mut self, part: &[u8]) {
+        if self.line.len() < PREFIX {
+            let n = (PREFIX - self.line.len()).min(part.len());
+            self.line.extend_from_slice(&part[..n]);
+        }
+        self.line_len += part.len();
     }
 
     fn end_line(&mut self) {
@@ -95,7 +105,10 @@ impl StreamObserver {
             self.end_line();
         }
         // One pass over each buffer for every key (the tail first: the last value counts).
-        let (tail, head) = (last_numbers(&self.tail), last_numbers(&self.head));
+        let (tail, head) = (
+            last_numbers(self.tail.make_contiguous()),
+            last_numbers(&self.head),
+        );
         let find = |keys: &[Key]| {
             keys.iter()
                 .find_map(|k| tail[*k as usize])
