@@ -27,6 +27,11 @@ use crate::utils::KVRef;
 pub(super) const MAX_HEADERS: usize = 256;
 
 pub(super) const INIT_HEADER_BUF_SIZE: usize = 4096;
+// fleetgate patch: the buffer a request head is read into lives as long as the request (its
+// header values point into it): 1 KiB holds a typical head, a larger one grows it. Behind a
+// buffered client stream (fleetgate's listener has one) the extra reads are copies, not
+// syscalls.
+pub(super) const INIT_REQUEST_HEADER_BUF_SIZE: usize = 1024;
 pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 
 pub(crate) const BODY_BUF_LIMIT: usize = 1024 * 64;

@@ -300,7 +300,7 @@ impl HttpSession {
             .pipelined_prefix
             .take()
             .filter(|prefix| !prefix.is_empty())
-            .unwrap_or_else(|| BytesMut::with_capacity(INIT_HEADER_BUF_SIZE));
+            .unwrap_or_else(|| BytesMut::with_capacity(INIT_REQUEST_HEADER_BUF_SIZE));
         let mut already_read = buf.len();
         let mut skip_next_read = already_read != 0;
         let mut detached_suffix = None;
