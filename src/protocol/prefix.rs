@@ -6,11 +6,12 @@
 //! message. Raw completions (OpenAI completions, Ollama generate, Responses with a string): the
 //! `system` field and the prompt's leading block, its first [`LEADING_BLOCK_CHARS`] characters
 //! (a shorter prompt is its own leading block). Embeddings and token-id prompts: none. The hash
-//! is a fixed function (SHA-256, first 8 bytes), the same in every replica; of a part longer
-//! than 16 KiB it covers the length and the first and last 8 KiB.
+//! is a fixed function (XXH3-64, seed 0: a published algorithm, so every replica and version
+//! computes the same; the key built from it is an HMAC with the affinity secret); of a part
+//! longer than 16 KiB it covers the length and the first and last 8 KiB.
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::Xxh3;
 
 use super::fields::{get, Obj};
 use super::Endpoint;
@@ -19,7 +20,8 @@ use super::Endpoint;
 pub const LEADING_BLOCK_CHARS: usize = 1024;
 
 /// Bytes hashed from each end of a part longer than twice this (SHA-256 of a whole 64 KiB
-/// prompt was 4 % of the gateway's CPU at c=32).
+/// prompt was 4 % of the gateway's CPU at c=32; SHA-256 of 16 KiB still 2.5 %, so the hash
+/// is XXH3 now).
 const HASHED_END_BYTES: usize = 8 * 1024;
 
 /// Hash and length (characters) of the stable prefix.
@@ -34,7 +36,7 @@ pub struct Prefix {
 }
 
 struct Acc {
-    sha: Sha256,
+    hasher: Xxh3,
     chars: usize,
     continues: bool,
 }
@@ -50,27 +52,24 @@ impl Acc {
             }
         };
         self.chars += text.chars().count();
-        self.sha.update(tag.as_bytes());
-        self.sha.update([0]);
+        self.hasher.update(tag.as_bytes());
+        self.hasher.update(&[0]);
         let bytes = text.as_bytes();
         if bytes.len() <= 2 * HASHED_END_BYTES {
-            self.sha.update(bytes);
+            self.hasher.update(bytes);
         } else {
             // A long part: its length, its first and its last bytes. Parts that differ only
             // in between share a key, and a node's cache holds their common start anyway.
-            self.sha.update((bytes.len() as u64).to_be_bytes());
-            self.sha.update(&bytes[..HASHED_END_BYTES]);
-            self.sha.update(&bytes[bytes.len() - HASHED_END_BYTES..]);
+            self.hasher.update(&(bytes.len() as u64).to_be_bytes());
+            self.hasher.update(&bytes[..HASHED_END_BYTES]);
+            self.hasher.update(&bytes[bytes.len() - HASHED_END_BYTES..]);
         }
-        self.sha.update([0]);
+        self.hasher.update(&[0]);
     }
 
     fn done(self) -> Prefix {
-        let out = self.sha.finalize();
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&out[..8]);
         Prefix {
-            hash: u64::from_be_bytes(first),
+            hash: self.hasher.digest(),
             chars: self.chars,
             continues: self.continues,
         }
@@ -80,7 +79,7 @@ impl Acc {
 /// The stable prefix of a parsed body for `ep`; None when it has none.
 pub fn stable_prefix(ep: Endpoint, obj: &Obj) -> Option<Prefix> {
     let mut acc = Acc {
-        sha: Sha256::new(),
+        hasher: Xxh3::new(),
         chars: 0,
         continues: false,
     };
