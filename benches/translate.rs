@@ -93,14 +93,10 @@ fn bench(c: &mut Criterion) {
     g.finish();
     let mut g = c.benchmark_group("observe_stream_256_tokens");
     g.throughput(Throughput::Elements(TOKENS as u64));
-    for (name, body, sep) in [
-        ("openai_sse", &sse, &b"\n\n"[..]),
-        ("ollama_ndjson", &nd, &b"\n"[..]),
-    ] {
-        let events: Vec<&[u8]> = body
-            .split_inclusive(|&b| b == sep[0])
-            .filter(|e| e.len() > 1)
-            .collect();
+    for (name, body, end) in [("openai_sse", &sse, "\n\n"), ("ollama_ndjson", &nd, "\n")] {
+        // One event per chunk, its terminator included, as a node sends them.
+        let text = std::str::from_utf8(body).expect("UTF-8");
+        let events: Vec<&[u8]> = text.split_inclusive(end).map(str::as_bytes).collect();
         g.bench_function(name, |b| {
             b.iter(|| {
                 let mut o = StreamObserver::default();

@@ -97,9 +97,10 @@ pub fn victims(
 pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
     let view = fleet.view();
     let victims = victims(fleet, &view, idx, model);
-    let Some(node) = view.nodes.get(idx).filter(|_| !victims.is_empty()) else {
+    if victims.is_empty() {
         return;
-    };
+    }
+    let node = &view.nodes[idx]; // `victims` found it
     let now = super::now_ms();
     let mut gone = Vec::with_capacity(victims.len());
     for v in victims {
