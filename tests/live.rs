@@ -426,8 +426,8 @@ fn breaker_opens_after_n_faults_then_half_open_success_closes_it() {
         for i in 0..3 {
             assert_eq!(ask(&gw, None).await.0, 500, "request {i} reaches the failing node");
         }
-        let n = node_status(&gw, "br-a").await;
-        assert_eq!(breaker(&n), "open", "{n:#}");
+        // The breaker hears of a response after the client has it: wait for the third.
+        wait_node(&gw, "br-a", Duration::from_secs(2), |n| breaker(n) == "open").await;
         let reached = served(&a);
         let t = Instant::now();
         assert_eq!(
@@ -443,8 +443,7 @@ fn breaker_opens_after_n_faults_then_half_open_success_closes_it() {
         let n = wait_node(&gw, "br-a", Duration::from_secs(3), |n| breaker(n) == "half_open").await;
         assert!(t.elapsed() >= Duration::from_millis(1800), "cooldown respected: {n:#}");
         assert_eq!(ask(&gw, None).await, (200, "br-a".into()), "the half-open trial");
-        let n = node_status(&gw, "br-a").await;
-        assert_eq!(breaker(&n), "closed", "{n:#}");
+        let n = wait_node(&gw, "br-a", Duration::from_secs(2), |n| breaker(n) == "closed").await;
         assert_eq!(n["models"][0]["breaker"]["consecutive_faults"], 0);
         let m = metrics(&gw).await;
         assert!(m.contains("fleetgate_fleet_breaker_transitions_total{model=\"m:1b\",node=\"br-a\",to=\"closed\"} 1"), "{m}");
