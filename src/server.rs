@@ -118,9 +118,12 @@ pub fn prepare_with(config: Config, upgrade: bool) -> Result<Prepared, StartErro
             config.clients.max_connections
         );
     }
+    let nodes = pingora_core::connectors::http::v1::Connector::new(Some(
+        pingora_core::connectors::ConnectorOptions::from_server_conf(&server.configuration),
+    ));
     let app = http_proxy(
         &server.configuration,
-        Gateway::new(fleet.clone(), access_log),
+        Gateway::new(fleet.clone(), access_log, nodes),
     );
     let mut proxy = Service::new("fleetgate".into(), Guarded::new(app, fleet.clone()));
     proxy.add_listener(

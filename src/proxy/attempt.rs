@@ -1,5 +1,5 @@
-//! One attempt of a dispatched request: a subrequest to the chosen node, watched for its first
-//! byte, for stalls between chunks and for the node going offline (`watch.rs`). Non-streaming
+//! One attempt of a dispatched request: the node leg to the chosen node (`leg.rs`), watched for
+//! its first byte, for stalls between chunks and for the node going offline (`watch.rs`). Non-streaming
 //! replies are held until complete, so a reply cut mid-body never reaches the client as a
 //! clean 200: it is retried elsewhere, or answered with an error.
 
@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pingora::{Error, ErrorType, Result};
+use pingora_core::connectors::http::v1::Connector;
 use pingora_core::protocols::http::HttpTask;
-use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
-use pingora_proxy::subrequest::{BodyMode, Ctx as SubCtx};
 use pingora_proxy::Session;
 
 use super::dispatch::Dispatch;
-use super::{framing, respond, watch};
+use super::{framing, leg, respond, watch};
 use crate::fleet::Fleet;
 use crate::protocol::{self, ErrorCode};
 
@@ -27,27 +26,17 @@ pub enum Ended {
 }
 
 enum Piped {
-    Done(
-        Result<(), Box<Error>>,
-        Option<tokio::sync::mpsc::Receiver<HttpTask>>,
-    ),
+    Done(Result<(), Box<Error>>),
     Stalled(String),
 }
 
-/// Run the subrequest for `d`'s current choice and pipe (or hold, then write) its response.
-pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Result<Ended> {
-    let Some(spawner) = session.subrequest_spawner.as_ref() else {
-        let family = d.endpoint.family();
-        let (code, msg) = (ErrorCode::UpstreamError, "subrequests disabled");
-        respond::error(session, family, code, msg).await?;
-        return Ok(Ended::Answered);
-    };
-    let ctx = SubCtx::builder()
-        .user_ctx(Box::new(d.clone()))
-        .body_mode(BodyMode::ExpectBody)
-        .build();
-    let (sub, handle) = spawner.create_subrequest(session.as_downstream(), ctx);
-    let input = InputBodyType::Preset(InputBody::Bytes(vec![d.body.clone()]));
+/// Send `d`'s current choice its request and pipe (or hold, then write) the response.
+pub async fn run(
+    session: &mut Session,
+    fleet: &Fleet,
+    nodes: &Connector,
+    d: &Arc<Dispatch>,
+) -> Result<Ended> {
     let cap = fleet.config().limits.max_body_bytes;
     let mut held: Vec<HttpTask> = Vec::new();
     let mut held_bytes = 0usize;
@@ -61,7 +50,7 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
     // Whole replies are held; so is a stream's 400/413 answer (small), which may be the node's
     // context overflow: a routing miss to re-place, not the client's error.
     let mut hold = !stream;
-    let filter = |t: HttpTask| -> Result<Option<HttpTask>> {
+    let mut filter = |t: HttpTask| -> Result<Option<HttpTask>> {
         let Some(t) = frame(t)? else {
             return Ok(None);
         };
@@ -71,39 +60,26 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
         if !hold {
             return Ok(Some(t));
         }
-        match t {
-            HttpTask::Failed(e) => Err(e),
-            t => {
-                if let HttpTask::Body(Some(b), _) = &t {
-                    held_bytes += b.len();
-                    if held_bytes > cap {
-                        return Error::e_explain(
-                            ErrorType::InternalError,
-                            format!("non-streaming reply larger than {cap} bytes"),
-                        );
-                    }
-                }
-                held.push(t);
-                Ok(None)
+        if let HttpTask::Body(Some(b), _) = &t {
+            held_bytes += b.len();
+            if held_bytes > cap {
+                return Error::e_explain(
+                    ErrorType::InternalError,
+                    format!("non-streaming reply larger than {cap} bytes"),
+                );
             }
         }
+        held.push(t);
+        Ok(None)
     };
     let piped = {
-        let pipe = pipe_subrequest(session, sub, handle, filter, input);
+        let leg = leg::run(session, fleet, nodes, d, &mut filter);
         tokio::select! {
-            r = pipe => match r {
-                Ok(mut state) => {
-                    if let Some(j) = state.join_handle.take() {
-                        let _ = j.await;
-                    }
-                    Piped::Done(Ok(()), None)
-                }
-                Err(mut e) => Piped::Done(Err(e.error), e.state.pipe_rx.take()),
-            },
+            r = leg => Piped::Done(r),
             why = watch::stalled(fleet, d, Instant::now()) => Piped::Stalled(why),
         }
     };
-    if let Piped::Done(Ok(()), _) = &piped {
+    if let Piped::Done(Ok(())) = &piped {
         if let Some((status, body)) = framing::reshaped_error(d) {
             let node = Some(d.choice().node_id.as_str());
             d.state.lock().body_bytes = body.len();
@@ -112,13 +88,13 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
         }
     }
     match piped {
-        Piped::Done(Err(e), _) if stream && *e.esource() == pingora::ErrorSource::Downstream => {
+        Piped::Done(Err(e)) if stream && *e.esource() == pingora::ErrorSource::Downstream => {
             // The client went away: not the node's fault, and nobody to tell.
             note(d, "client closed the connection".into());
             Ok(Ended::Answered)
         }
-        Piped::Done(Ok(()), _) if stream && held.is_empty() => Ok(Ended::Answered),
-        Piped::Done(Ok(()), _) => {
+        Piped::Done(Ok(())) if stream && held.is_empty() => Ok(Ended::Answered),
+        Piped::Done(Ok(())) => {
             if d.state.lock().upstream_error || !complete(&held) {
                 note(d, "the node's reply ended before it was complete".into());
                 return Ok(Ended::Unsent);
@@ -139,14 +115,10 @@ pub async fn run(session: &mut Session, fleet: &Fleet, d: &Arc<Dispatch>) -> Res
             session.write_response_tasks(held).await?;
             Ok(Ended::Answered)
         }
-        Piped::Done(Err(e), leftovers) => {
+        Piped::Done(Err(e)) => {
             note(d, e.to_string());
             if !stream || !held.is_empty() {
                 return Ok(Ended::Unsent);
-            }
-            // The failure can overtake response parts the node did send: forward those first.
-            if let Some(rx) = leftovers {
-                forward_leftovers(session, rx).await;
             }
             end_stream_if_begun(session, d).await
         }
@@ -267,28 +239,4 @@ pub async fn answer_error(
         node,
     )
     .await
-}
-
-/// Write the response header and body parts still in the pipe after a subrequest failed.
-async fn forward_leftovers(session: &mut Session, mut rx: tokio::sync::mpsc::Receiver<HttpTask>) {
-    let mut tasks = Vec::new();
-    let drain = async {
-        while let Some(t) = rx.recv().await {
-            if matches!(t, HttpTask::Header(..) | HttpTask::Body(..)) {
-                tasks.push(t);
-            }
-        }
-    };
-    // The subrequest reports its failure last, so the pipe closes right after.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
-    let tasks: Vec<HttpTask> = tasks
-        .into_iter()
-        .map(|t| match t {
-            HttpTask::Body(b, _) => HttpTask::Body(b, false),
-            t => t,
-        })
-        .collect();
-    if !tasks.is_empty() {
-        let _ = session.write_response_tasks(tasks).await;
-    }
 }

@@ -1,5 +1,5 @@
-//! The decision for one request, shared between the client-facing request and the subrequest
-//! that carries it upstream (the subrequest is how a fully-read body of any size is replayed).
+//! The decision for one request and what its attempts found out, shared by the client leg,
+//! the node leg (`leg.rs`) and the watchdog (`watch.rs`).
 
 use std::time::Instant;
 
@@ -10,7 +10,7 @@ use crate::fleet::Lease;
 use crate::protocol::{Endpoint, ErrorCode};
 use crate::routing::{AffinityKind, Choice};
 
-/// What the client-facing request hands to its subrequest.
+/// What the client leg decided for a request, and what its attempts found out.
 #[derive(Debug)]
 pub struct Dispatch {
     pub endpoint: Endpoint,

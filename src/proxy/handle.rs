@@ -1,10 +1,11 @@
-//! The client-facing leg of a request: intake, decision, seat, subrequest, accounting.
+//! The client-facing leg of a request: intake, decision, seat, the node leg, accounting.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
 use pingora::Result;
+use pingora_core::connectors::http::v1::Connector;
 use pingora_proxy::Session;
 
 use super::access_log::{AccessLog, Arrival};
@@ -20,6 +21,7 @@ use crate::protocol::{self, ErrorCode, Family};
 pub async fn client_request(
     fleet: &Arc<Fleet>,
     log: &AccessLog,
+    nodes: &Connector,
     session: &mut Session,
 ) -> Result<()> {
     let arrived = Instant::now();
@@ -112,7 +114,7 @@ pub async fn client_request(
             crate::services::node_api::make_room(fleet, c.node, &c.model).await;
         }
         let ended = {
-            let run = attempt::run(session, fleet, &d);
+            let run = attempt::run(session, fleet, nodes, &d);
             tokio::pin!(run);
             tokio::select! {
                 r = &mut run => Some(r),

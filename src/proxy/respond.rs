@@ -108,7 +108,7 @@ pub fn family_of_path(path: &str) -> Family {
 
 /// Answer a client request that failed before any response (the request could not be read):
 /// 400 in the client's shape (in the client leg only reading the client's request can fail;
-/// node trouble is handled by the subrequest), 502 for anything from a node.
+/// node trouble is handled by the node leg), 502 for anything from a node.
 /// Returns the status (the client may already be gone: then nothing is written).
 pub async fn client_leg_failure(session: &mut Session, e: &pingora::Error) -> u16 {
     let family = family_of_path(session.req_header().uri.path());

@@ -44,7 +44,7 @@ pub fn request(ep: Endpoint, upstream: Endpoint, body: Bytes) -> Result<Bytes, S
     translate::request(t, &body)
 }
 
-/// The subrequest's header for a translated request: the node's path, plain JSON both ways.
+/// The node's request header for a translated request: the node's path, plain JSON both ways.
 pub fn upstream_header(h: &mut RequestHeader, d: &Dispatch) -> Result<()> {
     if d.upstream == d.endpoint {
         return Ok(());

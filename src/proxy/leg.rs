@@ -1,0 +1,351 @@
+//! The node leg of one attempt, driven from the client's own request task: connect (or take a
+//! pooled connection), send the request with its already-read body, and hand each part of the
+//! node's response to the client leg as it arrives. No second task, no pipe between the two
+//! legs: the node's bytes are written to the client by the task that read them.
+//!
+//! Failover on a failed connect and the repeat on a pooled connection the node had closed
+//! happen here; everything after the node answered is the caller's (`attempt`).
+
+use std::time::Instant;
+
+use futures::FutureExt;
+use http::Version;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::HttpPeer;
+use pingora::{Error, ErrorSource, Result};
+use pingora_core::connectors::http::v1::Connector;
+use pingora_core::protocols::http::v1::client::HttpSession;
+use pingora_core::protocols::http::HttpTask;
+use pingora_proxy::Session;
+
+use super::dispatch::Dispatch;
+use super::{budget, intake, stale, xlate};
+use crate::fleet::Fleet;
+use crate::metrics::METRICS;
+use crate::protocol::translate::ResponseTranslator;
+use crate::services::now_ms;
+
+/// Hop-by-hop headers a client may send that are not the node's business.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Fleet headers that steer routing: the gateway's, never sent to a node.
+const FLEET_REQUEST_HEADERS: [&str; 4] = [
+    intake::PIN_HEADER,
+    intake::CONVERSATION_HEADER,
+    intake::TAGS_HEADER,
+    intake::NO_FALLBACK_HEADER,
+];
+
+/// Where an error came from, for the caller: the node, or the client's side of the gateway.
+fn from_node(e: Box<Error>) -> Box<Error> {
+    e.into_up()
+}
+
+/// Run the node leg of `d`'s current attempt. Each response part, after the gateway's
+/// response hooks, goes through `deliver` (which writes it to the client or holds it).
+/// Ok: the node's response ended (whole). Err: the attempt failed; `d`'s state says how.
+pub async fn run<F>(
+    session: &mut Session,
+    fleet: &Fleet,
+    nodes: &Connector,
+    d: &Dispatch,
+    deliver: &mut F,
+) -> Result<()>
+where
+    F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
+{
+    let client = session.req_header().clone();
+    loop {
+        let c = d.choice().clone();
+        let peer = peer_for(fleet, c.node);
+        let (mut h1, reused) = match nodes.get_http_session(&peer).await {
+            Ok(s) => s,
+            Err(e) => match failed_to_connect(fleet, d, e) {
+                Ok(()) => continue,
+                Err(e) => {
+                    failed(d, &e);
+                    return Err(e);
+                }
+            },
+        };
+        h1.read_timeout = peer.options.read_timeout;
+        h1.write_timeout = peer.options.write_timeout;
+        let req = match upstream_request(&client, fleet, d) {
+            Ok(r) => r,
+            Err(e) => {
+                failed(d, &e);
+                return Err(e);
+            }
+        };
+        let mut exchange = Exchange {
+            h1: &mut h1,
+            d,
+            fleet,
+            translator: None,
+            answered: false,
+        };
+        match exchange.run(session, req, deliver).await {
+            Ok(()) => {
+                nodes
+                    .release_http_session(h1, &peer, peer.options.idle_timeout)
+                    .await;
+                return Ok(());
+            }
+            Err(e) if !exchange.answered && stale::retry(d, &e, reused) => continue,
+            Err(e) => {
+                failed(d, &e);
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The peer for node `idx`, with the limits from config.
+fn peer_for(fleet: &Fleet, idx: usize) -> HttpPeer {
+    let node = fleet.node_config(idx);
+    let limits = &fleet.config().limits;
+    let mut peer = HttpPeer::new(node.addr, false, String::new());
+    peer.options.connection_timeout = Some(limits.connect_timeout);
+    peer.options.read_timeout = Some(limits.read_timeout);
+    peer.options.write_timeout = Some(limits.write_timeout);
+    peer.options.idle_timeout = Some(limits.pool_idle_timeout);
+    peer
+}
+
+/// Nothing reached the node: the breaker hears of it and the next candidate with a seat is
+/// tried (Ok), or there is none and the request is unreachable (Err).
+fn failed_to_connect(fleet: &Fleet, d: &Dispatch, e: Box<Error>) -> Result<()> {
+    let (failed_idx, failed) = {
+        let c = d.choice();
+        (c.node, c.node_id.clone())
+    };
+    fleet.record_outcome(failed_idx, None, crate::fleet::Outcome::Fault, now_ms());
+    d.state.lock().error = Some(format!(
+        "cannot connect to node {failed} ({})",
+        e.etype().as_str()
+    ));
+    match d.next_attempt(|c| fleet.try_lease(c.node, &c.model)) {
+        Some(_) => {
+            METRICS.retries.with_label_values(&[&failed]).inc();
+            Ok(())
+        }
+        None => {
+            d.state.lock().unreachable = true;
+            Err(from_node(e))
+        }
+    }
+}
+
+/// What a failed exchange leaves in `d`: a node error marks the attempt as the node's fault.
+fn failed(d: &Dispatch, e: &Error) {
+    let mut st = d.state.lock();
+    st.upstream_error |= *e.esource() == ErrorSource::Upstream;
+    if st.error.is_none() || st.status.is_some() {
+        st.error = Some(e.to_string());
+    }
+}
+
+/// The request as the node sees it: HTTP/1.1, the (possibly translated) body's length, its
+/// host, no fleet or hop-by-hop headers, and no client key when the gateway authenticates.
+fn upstream_request(client: &RequestHeader, fleet: &Fleet, d: &Dispatch) -> Result<RequestHeader> {
+    let mut h = client.clone();
+    h.set_version(Version::HTTP_11);
+    for name in HOP_BY_HOP.iter().chain(&FLEET_REQUEST_HEADERS) {
+        h.remove_header(*name);
+    }
+    h.insert_header("content-length", d.body.len().to_string())?;
+    // The gateway answered `100 Continue` itself; the node gets the whole body at once.
+    h.remove_header("expect");
+    xlate::upstream_header(&mut h, d)?;
+    h.insert_header("host", fleet.node_config(d.choice().node).host.as_str())?;
+    // With `auth:` on, the client's key is the gateway's credential: no node sees it (nor
+    // any log line that prints what is sent upstream). Without it, keys pass through.
+    if fleet.config().tenancy.auth_enabled() {
+        h.remove_header("authorization");
+        h.remove_header("x-api-key");
+    }
+    Ok(h)
+}
+
+/// One request/response exchange on one node connection.
+struct Exchange<'a> {
+    h1: &'a mut HttpSession,
+    d: &'a Dispatch,
+    fleet: &'a Fleet,
+    translator: Option<ResponseTranslator>,
+    /// The node sent a response header (the attempt can no longer be repeated elsewhere).
+    answered: bool,
+}
+
+impl Exchange<'_> {
+    async fn run<F>(
+        &mut self,
+        session: &mut Session,
+        req: RequestHeader,
+        deliver: &mut F,
+    ) -> Result<()>
+    where
+        F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
+    {
+        self.h1
+            .write_request_header(Box::new(req))
+            .await
+            .map_err(from_node)?;
+        if !self.d.body.is_empty() {
+            self.h1.write_body(&self.d.body).await.map_err(from_node)?;
+        }
+        self.h1.finish_body().await.map_err(from_node)?;
+        let head_request = session.req_header().method == http::Method::HEAD;
+        let mut ended = false;
+        while !ended {
+            let first = self.h1.read_response_task().await.map_err(from_node)?;
+            let mut tasks = Vec::with_capacity(2);
+            ended = self.take(first, head_request, deliver, &mut tasks)?;
+            // What the node already sent goes to the client in one write, also when the node
+            // broke off right after it.
+            let mut broke = None;
+            while !ended {
+                let more = tokio::task::unconstrained(self.h1.read_response_task()).now_or_never();
+                match more {
+                    None => break,
+                    Some(Ok(t)) => ended = self.take(t, head_request, deliver, &mut tasks)?,
+                    Some(Err(e)) => {
+                        broke = Some(from_node(e));
+                        break;
+                    }
+                }
+            }
+            if !tasks.is_empty() {
+                session
+                    .write_response_tasks(tasks)
+                    .await
+                    .map_err(|e| e.into_down())?;
+            }
+            if let Some(e) = broke {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the response hooks on one part of the node's response and pass it to `deliver`;
+    /// what is to be written now is pushed to `out`. Whether the response has ended.
+    fn take<F>(
+        &mut self,
+        t: HttpTask,
+        head_request: bool,
+        deliver: &mut F,
+        out: &mut Vec<HttpTask>,
+    ) -> Result<bool>
+    where
+        F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
+    {
+        let t = match t {
+            // A node's own `100 Continue` (the client had its 100 from the gateway).
+            HttpTask::Header(h, _) if h.status.is_informational() => return Ok(false),
+            HttpTask::Header(mut h, end) => {
+                self.answered = true;
+                chunk_if_close_delimited(&mut h, head_request, end)?;
+                self.response_header(&mut h)?;
+                HttpTask::Header(h, end)
+            }
+            HttpTask::Body(mut b, end) => {
+                self.response_body(&mut b, end);
+                HttpTask::Body(b, end)
+            }
+            t => t,
+        };
+        let end = t.is_end();
+        if let Some(t) = deliver(t)? {
+            out.push(t);
+        }
+        Ok(end)
+    }
+
+    /// The node's response header: what routing did, in `X-Fleet-*`; the start of a
+    /// translation when the node speaks another protocol.
+    fn response_header(&mut self, resp: &mut ResponseHeader) -> Result<()> {
+        let d = self.d;
+        let c = d.choice();
+        if c.cold && resp.status.is_success() {
+            self.fleet.mark_loaded(c.node, &c.model);
+        }
+        let (retries, clamped) = {
+            let mut st = d.state.lock();
+            st.status = Some(resp.status.as_u16());
+            st.upstream_status = Some(resp.status.as_u16());
+            st.last_activity = Some(Instant::now());
+            (st.retries, st.clamped_max_tokens)
+        };
+        if let Some(max) = clamped {
+            resp.insert_header(budget::MAX_TOKENS_HEADER, max.to_string())?;
+        }
+        resp.insert_header(super::NODE_HEADER, c.node_id.as_str())?;
+        resp.insert_header(super::SERVED_MODEL_HEADER, c.model.as_str())?;
+        resp.insert_header(super::REQUESTED_MODEL_HEADER, d.requested_model.as_str())?;
+        let fallback = if c.fallback { "true" } else { "false" };
+        resp.insert_header(super::FALLBACK_HEADER, fallback)?;
+        resp.insert_header(super::RETRIES_HEADER, retries.to_string())?;
+        // Spec mode: points to a tenth; completion mode: minus the predicted seconds, to the ms
+        // (`+ 0.0` turns a -0.0 into 0.0).
+        let score = match c.predicted_s {
+            None => format!("{:.1}", c.score + 0.0),
+            Some(_) => format!("{:.3}", c.score + 0.0),
+        };
+        resp.insert_header(super::SCORE_HEADER, score)?;
+        resp.insert_header(
+            super::QUEUE_WAIT_HEADER,
+            d.queue_wait.as_millis().to_string(),
+        )?;
+        if let Some(kind) = super::affinity_label(d.affinity) {
+            resp.insert_header(super::AFFINITY_HEADER, kind)?;
+        }
+        self.translator = xlate::response_header(resp, d, now_ms() / 1000)?;
+        Ok(())
+    }
+
+    /// A body part of the node's response: first byte, activity, the reply observer; its
+    /// translation when translating.
+    fn response_body(&mut self, body: &mut Option<bytes::Bytes>, end: bool) {
+        if let Some(b) = body.as_ref() {
+            let mut st = self.d.state.lock();
+            if st.first_byte.is_none() && !b.is_empty() {
+                st.first_byte = Some(Instant::now());
+                if let Some(lease) = st.lease.as_mut() {
+                    st.prefill_ahead_s = lease.first_byte(now_ms());
+                }
+            }
+            st.body_bytes += b.len();
+            st.last_activity = Some(Instant::now());
+            st.observer.feed(b);
+        }
+        if let Some(x) = self.translator.as_mut() {
+            xlate::body(x, body, end);
+        }
+    }
+}
+
+/// A node that ends its body by closing the connection (HTTP/1.0 style): the client gets it
+/// chunked, so its connection can be kept.
+fn chunk_if_close_delimited(h: &mut ResponseHeader, head_request: bool, end: bool) -> Result<()> {
+    let no_body = head_request || matches!(h.status.as_u16(), 204 | 304);
+    if !no_body
+        && !end
+        && h.headers.get("transfer-encoding").is_none()
+        && h.headers.get("content-length").is_none()
+    {
+        h.set_version(Version::HTTP_11);
+        h.insert_header("transfer-encoding", "chunked")?;
+    }
+    Ok(())
+}
