@@ -30,6 +30,8 @@ struct NodeCtl {
     peak: AtomicUsize,
     /// Chat answers wait while this is set.
     hold: AtomicBool,
+    /// Chat answers are HTTP/1.0 style: no length, no chunking, the body ends at the close.
+    close_delimited: AtomicBool,
 }
 
 struct Req {
@@ -71,15 +73,18 @@ fn plain(status: &str, body: &str) -> String {
     )
 }
 
-fn sse() -> String {
-    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+/// A short chat stream's SSE events: a token, the stop, `[DONE]`.
+fn sse_events() -> [String; 3] {
     let c1 = format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"finish_reason\":null}}]}}\n\n");
     let c2 = format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}]}}\n\n");
+    [c1, c2, "data: [DONE]\n\n".to_string()]
+}
+
+fn sse() -> String {
+    let chunk = |s: &String| format!("{:x}\r\n{s}\r\n", s.len());
+    let body: String = sse_events().iter().map(chunk).collect();
     format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\r\n{}{}{}0\r\n\r\n",
-        chunk(&c1),
-        chunk(&c2),
-        chunk("data: [DONE]\n\n")
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\r\n{body}0\r\n\r\n"
     )
 }
 
@@ -120,6 +125,13 @@ async fn serve_conn(s: tokio::net::TcpStream, ctl: Arc<NodeCtl>) {
             .ok()
             .and_then(|v| v["stream"].as_bool())
             .unwrap_or(false);
+        if ctl.close_delimited.load(Ordering::SeqCst) {
+            let body: String = sse_events().concat();
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+            let _ = w.write_all(format!("{head}{body}").as_bytes()).await;
+            return;
+        }
         let resp = if stream {
             streamed = true;
             sse()
@@ -296,5 +308,44 @@ fn a_pooled_connection_the_server_closed_is_retried_on_a_fresh_one() {
         }
         let served = ctl.chats.load(Ordering::SeqCst) - before;
         assert_eq!(served, 20, "each request served once");
+    });
+}
+
+#[test]
+fn a_close_delimited_reply_reaches_the_client_chunked_on_a_kept_connection() {
+    let rt = runtime();
+    let ctl = Arc::new(NodeCtl::default());
+    let url = start_node(&rt, ctl.clone());
+    let gw = gateway(&url);
+    ctl.close_delimited.store(true, Ordering::SeqCst);
+    rt.block_on(async {
+        // One client connection for both requests, written by hand to see the framing.
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        for i in 0..2 {
+            let body = chat(true);
+            let req = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(req.as_bytes()).await.unwrap();
+            // Read until the chunked body's last chunk: the gateway must end it, not close.
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.ends_with(b"0\r\n\r\n") {
+                let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+                    .await
+                    .unwrap_or_else(|_| panic!("reply {i} never ended: {}", String::from_utf8_lossy(&got)))
+                    .unwrap();
+                assert!(n > 0, "reply {i}: the gateway closed the client connection: {}", String::from_utf8_lossy(&got));
+                got.extend_from_slice(&buf[..n]);
+            }
+            let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+            assert!(text.starts_with("http/1.1 200"), "reply {i}: {text}");
+            assert!(text.contains("transfer-encoding: chunked"), "reply {i}: {text}");
+            assert!(!text.contains("connection: close"), "reply {i}: {text}");
+            for e in sse_events() {
+                assert!(text.contains(&e.to_ascii_lowercase()), "reply {i} lacks {e:?}: {text}");
+            }
+        }
     });
 }

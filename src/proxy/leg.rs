@@ -46,11 +46,6 @@ const FLEET_REQUEST_HEADERS: [&str; 4] = [
     intake::NO_FALLBACK_HEADER,
 ];
 
-/// Where an error came from, for the caller: the node, or the client's side of the gateway.
-fn from_node(e: Box<Error>) -> Box<Error> {
-    e.into_up()
-}
-
 /// Run the node leg of `d`'s current attempt. Each response part, after the gateway's
 /// response hooks, goes through `deliver` (which writes it to the client or holds it).
 /// Ok: the node's response ended (whole). Err: the attempt failed; `d`'s state says how.
@@ -64,35 +59,41 @@ pub async fn run<F>(
 where
     F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
 {
-    let client = session.req_header().clone();
+    let r = attempts(session, fleet, nodes, d, deliver).await;
+    if let Err(e) = &r {
+        failed(d, e);
+    }
+    r
+}
+
+/// Connect and exchange until the node has answered whole, or the attempt cannot go on.
+async fn attempts<F>(
+    session: &mut Session,
+    fleet: &Fleet,
+    nodes: &Connector,
+    d: &Dispatch,
+    deliver: &mut F,
+) -> Result<()>
+where
+    F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
+{
     loop {
-        let c = d.choice().clone();
-        let peer = peer_for(fleet, c.node);
+        let peer = peer_for(fleet, d.choice().node);
         let (mut h1, reused) = match nodes.get_http_session(&peer).await {
             Ok(s) => s,
-            Err(e) => match failed_to_connect(fleet, d, e) {
-                Ok(()) => continue,
-                Err(e) => {
-                    failed(d, &e);
-                    return Err(e);
-                }
-            },
+            Err(e) => {
+                failed_to_connect(fleet, d, e)?;
+                continue;
+            }
         };
         h1.read_timeout = peer.options.read_timeout;
         h1.write_timeout = peer.options.write_timeout;
-        let req = match upstream_request(&client, fleet, d) {
-            Ok(r) => r,
-            Err(e) => {
-                failed(d, &e);
-                return Err(e);
-            }
-        };
+        let req = upstream_request(session.req_header(), fleet, d)?;
         let mut exchange = Exchange {
             h1: &mut h1,
             d,
             fleet,
             translator: None,
-            answered: false,
         };
         match exchange.run(session, req, deliver).await {
             Ok(()) => {
@@ -101,11 +102,9 @@ where
                     .await;
                 return Ok(());
             }
-            Err(e) if !exchange.answered && stale::retry(d, &e, reused) => continue,
-            Err(e) => {
-                failed(d, &e);
-                return Err(e);
-            }
+            // Nothing came back on a pooled connection the node had closed: a fresh one.
+            Err(e) if stale::retry(d, &e, reused) => continue,
+            Err(e) => return Err(e),
         }
     }
 }
@@ -141,7 +140,7 @@ fn failed_to_connect(fleet: &Fleet, d: &Dispatch, e: Box<Error>) -> Result<()> {
         }
         None => {
             d.state.lock().unreachable = true;
-            Err(from_node(e))
+            Err(e.into_up())
         }
     }
 }
@@ -183,8 +182,6 @@ struct Exchange<'a> {
     d: &'a Dispatch,
     fleet: &'a Fleet,
     translator: Option<ResponseTranslator>,
-    /// The node sent a response header (the attempt can no longer be repeated elsewhere).
-    answered: bool,
 }
 
 impl Exchange<'_> {
@@ -200,15 +197,18 @@ impl Exchange<'_> {
         self.h1
             .write_request_header(Box::new(req))
             .await
-            .map_err(from_node)?;
+            .map_err(Error::into_up)?;
         if !self.d.body.is_empty() {
-            self.h1.write_body(&self.d.body).await.map_err(from_node)?;
+            self.h1
+                .write_body(&self.d.body)
+                .await
+                .map_err(Error::into_up)?;
         }
-        self.h1.finish_body().await.map_err(from_node)?;
+        self.h1.finish_body().await.map_err(Error::into_up)?;
         let head_request = session.req_header().method == http::Method::HEAD;
         let mut ended = false;
         while !ended {
-            let first = self.h1.read_response_task().await.map_err(from_node)?;
+            let first = self.h1.read_response_task().await.map_err(Error::into_up)?;
             let mut tasks = Vec::with_capacity(2);
             ended = self.take(first, head_request, deliver, &mut tasks)?;
             // What the node already sent goes to the client in one write, also when the node
@@ -220,7 +220,7 @@ impl Exchange<'_> {
                     None => break,
                     Some(Ok(t)) => ended = self.take(t, head_request, deliver, &mut tasks)?,
                     Some(Err(e)) => {
-                        broke = Some(from_node(e));
+                        broke = Some(e.into_up());
                         break;
                     }
                 }
@@ -254,7 +254,6 @@ impl Exchange<'_> {
             // A node's own `100 Continue` (the client had its 100 from the gateway).
             HttpTask::Header(h, _) if h.status.is_informational() => return Ok(false),
             HttpTask::Header(mut h, end) => {
-                self.answered = true;
                 chunk_if_close_delimited(&mut h, head_request, end)?;
                 self.response_header(&mut h)?;
                 HttpTask::Header(h, end)

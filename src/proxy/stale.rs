@@ -9,11 +9,11 @@ use super::dispatch::Dispatch;
 /// Attempts repeated this way per request, at most.
 pub const MAX_STALE_RETRIES: u32 = 2;
 
-/// Whether the failed attempt is repeated: the connection was reused (and the body can be
-/// replayed), no response has begun, and the error is the connection closing or failing on
+/// Whether the failed attempt is repeated: the connection was reused (the body is in memory,
+/// so it can be sent again), no response has begun, and the error is the connection closing or failing on
 /// read/write. Counts the repeat.
-pub fn retry(d: &Dispatch, e: &Error, reused_and_replayable: bool) -> bool {
-    if !reused_and_replayable {
+pub fn retry(d: &Dispatch, e: &Error, reused: bool) -> bool {
+    if !reused {
         return false;
     }
     let closed = matches!(
