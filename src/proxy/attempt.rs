@@ -30,12 +30,29 @@ enum Piped {
     Stalled(String),
 }
 
-/// Send `d`'s current choice its request and pipe (or hold, then write) the response.
+/// Send `d`'s current choice its request and pipe (or hold, then write) the response; the
+/// node's connection goes back to the pool after the client has the answer.
 pub async fn run(
     session: &mut Session,
     fleet: &Fleet,
     nodes: &Connector,
     d: &Arc<Dispatch>,
+) -> Result<Ended> {
+    let mut spare = None;
+    let ended = answer(session, fleet, nodes, d, &mut spare).await;
+    if let Some(s) = spare {
+        s.release(nodes).await;
+    }
+    ended
+}
+
+/// `run`, leaving a node connection whose response was read whole in `spare`.
+async fn answer(
+    session: &mut Session,
+    fleet: &Fleet,
+    nodes: &Connector,
+    d: &Arc<Dispatch>,
+    spare: &mut Option<leg::Spare>,
 ) -> Result<Ended> {
     let cap = fleet.config().limits.max_body_bytes;
     let mut held: Vec<HttpTask> = Vec::new();
@@ -75,7 +92,7 @@ pub async fn run(
     let piped = {
         let leg = leg::run(session, fleet, nodes, d, &mut filter);
         tokio::select! {
-            r = leg => Piped::Done(r),
+            r = leg => Piped::Done(r.map(|s| *spare = Some(s))),
             why = watch::stalled(fleet, d, Instant::now()) => Piped::Stalled(why),
         }
     };

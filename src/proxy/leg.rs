@@ -46,16 +46,31 @@ const FLEET_REQUEST_HEADERS: [&str; 4] = [
     intake::NO_FALLBACK_HEADER,
 ];
 
+/// A node connection whose response was read whole, for the pool once the client has its
+/// answer (returning it costs a syscall and a task spawn that the client need not wait for).
+pub struct Spare {
+    h1: HttpSession,
+    peer: HttpPeer,
+}
+
+impl Spare {
+    pub async fn release(self, nodes: &Connector) {
+        let idle = self.peer.options.idle_timeout;
+        nodes.release_http_session(self.h1, &self.peer, idle).await;
+    }
+}
+
 /// Run the node leg of `d`'s current attempt. Each response part, after the gateway's
 /// response hooks, goes through `deliver` (which writes it to the client or holds it).
-/// Ok: the node's response ended (whole). Err: the attempt failed; `d`'s state says how.
+/// Ok: the node's response ended (whole), and here is its connection. Err: the attempt
+/// failed; `d`'s state says how.
 pub async fn run<F>(
     session: &mut Session,
     fleet: &Fleet,
     nodes: &Connector,
     d: &Dispatch,
     deliver: &mut F,
-) -> Result<()>
+) -> Result<Spare>
 where
     F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
 {
@@ -73,7 +88,7 @@ async fn attempts<F>(
     nodes: &Connector,
     d: &Dispatch,
     deliver: &mut F,
-) -> Result<()>
+) -> Result<Spare>
 where
     F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
 {
@@ -96,12 +111,7 @@ where
             translator: None,
         };
         match exchange.run(session, req, deliver).await {
-            Ok(()) => {
-                nodes
-                    .release_http_session(h1, &peer, peer.options.idle_timeout)
-                    .await;
-                return Ok(());
-            }
+            Ok(()) => return Ok(Spare { h1, peer }),
             // Nothing came back on a pooled connection the node had closed: a fresh one.
             Err(e) if stale::retry(d, &e, reused) => continue,
             Err(e) => return Err(e),
