@@ -62,9 +62,10 @@ fn short_chats_do_not_collapse_the_token_estimate() {
             let e = explain(&gw, "/fleet/explain", &chat(&long, 8)).await;
             e["prompt_tokens"].as_u64().unwrap()
         };
-        eventually(&format!("an estimate at most the {served} served"), || async {
-            estimate().await <= served
-        })
+        eventually(
+            &format!("an estimate at most the {served} served"),
+            || async { estimate().await <= served },
+        )
         .await;
         let est = estimate().await;
         assert!(est + 64 >= served, "estimated {est}, served {served}");

@@ -565,6 +565,42 @@ fn a_cold_load_unloads_the_model_cheapest_to_reload_not_the_least_recent() {
     );
 }
 
+/// The gateway undoes its own eviction once it pays: a 20 GB model asked for again and again
+/// is unloaded for a one-off request's model (they cannot share the node's 30 GB); when that
+/// request is done, the gateway reads the busy model back in unasked, so the next request for
+/// it does not pay the reload.
+#[test]
+fn a_model_unloaded_for_a_one_off_comes_back_when_the_one_off_is_done() {
+    let rt = runtime();
+    let models = "  - {name: often:30b, size_gb: 20, loaded: true, cold_load_ms: 10}\n  - {name: rare:14b, size_gb: 10, cold_load_ms: 10}\n";
+    let node_sim = sim(&rt, &spec(4, 30, models));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\nqueue:\n  prewarm_interval_ms: 100\n{}",
+        fleet(&[node("back", &node_sim, "      memory_gb: 30\n")])
+    ));
+    rt.block_on(async {
+        for _ in 0..4 {
+            served_ok(&gw, "often:30b").await;
+        }
+        served_ok(&gw, "rare:14b").await;
+        eventually("often:30b read back in", || async {
+            loaded_on(&node_sim).await == ["often:30b"]
+        })
+        .await;
+        let text = metrics(&gw).await;
+        assert!(
+            text.contains(r#"fleetgate_queue_prewarms_total{model="often:30b",node="back"} 1"#),
+            "{text}"
+        );
+        served_ok(&gw, "often:30b").await;
+    });
+    assert_eq!(
+        node_sim.control().stats().loads,
+        ["rare:14b", "often:30b"],
+        "the one-off's load, then the restore: the last request found it loaded"
+    );
+}
+
 /// Demand outweighs reload time: a 20 GB model nobody has asked for goes before a 5 GB one in
 /// use, although the node (LRU) would throw out the small one (touched longest ago) and the
 /// large one takes four times as long to read back in.

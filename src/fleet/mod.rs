@@ -141,6 +141,9 @@ pub struct Fleet {
     /// When this process began watching the fleet, ms: a model it saw asked for at most once
     /// has been asked for about once in the time since.
     pub watching_since_ms: u64,
+    /// (node id, model) pairs the gateway unloaded to make room for a request's cold load:
+    /// completion mode reads one back once that pays (`services::prewarm`).
+    pub evicted: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl Fleet {
@@ -165,6 +168,7 @@ impl Fleet {
             prefixes: PrefixMemory::default(),
             clients: Arc::default(),
             watching_since_ms: now_ms(),
+            evicted: Mutex::default(),
         };
         fleet.publish();
         Arc::new(fleet)

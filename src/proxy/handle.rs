@@ -111,7 +111,7 @@ pub async fn client_request(
         if c.cold {
             // Completion mode picks what the load throws out (the backend's LRU may pick the
             // model dearest to reload).
-            crate::services::node_api::make_room(fleet, c.node, &c.model).await;
+            crate::services::node_api::make_room(fleet, c.node, &c.model, true).await;
         }
         let ended = {
             let run = attempt::run(session, fleet, nodes, &d);

@@ -39,16 +39,68 @@ pub fn victims(
     idx: usize,
     model: &str,
     loads: &dyn Loads,
-    (since_ms, now_ms): (u64, u64),
+    watched: (u64, u64),
 ) -> Vec<String> {
-    let Some(target) = node.model(model).filter(|m| !m.loaded) else {
-        return Vec::new();
+    match room(policy, node, idx, model, loads, watched) {
+        Some(Room::Unload(set)) => set.into_iter().map(|m| m.name.to_string()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether to read `model` back into node `idx` now, unasked: the gateway unloaded it to make
+/// room for another model, which has gone idle. Yes when its users are expected to lose more
+/// reload time per second while it is away (its learned demand times its reload time) than
+/// the idle models that would go for it (the set a cold load would unload, as
+/// [`victims`]), or when it fits as things are. A model served fewer than twice on the node
+/// has no rate of asking to weigh: it is not read in on speculation.
+pub fn worth_restoring(
+    policy: &Policy,
+    node: &NodeView,
+    idx: usize,
+    model: &str,
+    loads: &dyn Loads,
+    (since_ms, now_ms): (u64, u64),
+) -> bool {
+    let rates = loads.rates(idx, model);
+    let Some(target) = node.model(model).filter(|_| rates.gap_s.is_some()) else {
+        return false;
     };
+    let away = rates.demand_per_s(since_ms, now_ms) * read_s(policy, node, target, rates.load_s);
+    match room(policy, node, idx, model, loads, (since_ms, now_ms)) {
+        Some(Room::Fits) => true,
+        Some(Room::Unload(set)) => away > set.iter().map(|m| m.cost).sum::<f64>(),
+        Some(Room::None) | None => false,
+    }
+}
+
+/// What a cold load of a model needs unloaded first.
+enum Room<'a> {
+    /// It fits as things are.
+    Fits,
+    /// The cheapest set of idle models that makes room.
+    Unload(Vec<Idle<'a>>),
+    /// No set of idle models makes room.
+    None,
+}
+
+/// [`Room`] for a cold load of `model` on node `idx`; `None` when it is loaded or not there.
+fn room<'a>(
+    policy: &Policy,
+    node: &'a NodeView,
+    idx: usize,
+    model: &str,
+    loads: &dyn Loads,
+    (since_ms, now_ms): (u64, u64),
+) -> Option<Room<'a>> {
+    let target = node.model(model).filter(|m| !m.loaded)?;
     let busy = |name: &str| loads.model(idx, name).busy();
     let g = growth(node);
     let need = held_gb(target, g) - free_gb_held(node, model, busy, g);
-    if need.is_nan() || need <= 0.0 || need.is_infinite() {
-        return Vec::new();
+    if need.is_nan() || need.is_infinite() {
+        return Some(Room::None);
+    }
+    if need <= 0.0 {
+        return Some(Room::Fits);
     }
     let idle: Vec<Idle<'_>> = node
         .models
@@ -67,17 +119,14 @@ pub fn victims(
         })
         .collect();
     if idle.iter().map(|m| m.gb).sum::<f64>() < need {
-        return Vec::new();
+        return Some(Room::None);
     }
     let chosen = if idle.len() <= EXHAUSTIVE_UP_TO {
         cheapest_subset(&idle, need)
     } else {
         greedy(&idle, need)
     };
-    chosen
-        .into_iter()
-        .map(|i| idle[i].name.to_string())
-        .collect()
+    Some(Room::Unload(chosen.into_iter().map(|i| idle[i]).collect()))
 }
 
 /// How much more than their weights the node's loaded models hold (context and cache come on
@@ -320,6 +369,81 @@ mod tests {
         let mut roomy = workstation();
         roomy.memory_gb = 128.0;
         assert!(pick(&roomy, "coder", &TableLoads::default()).is_empty());
+    }
+
+    /// The workstation after a request's cold load of coder unloaded big: small, mid and
+    /// coder loaded, each holding 10 % over its weights (34.1 GB); big needs 44 of 64.
+    fn after_coder() -> NodeView {
+        let mut ws = workstation();
+        ws.models[2].loaded = false;
+        ws.models[3].loaded = true;
+        for m in ws.models.iter_mut().filter(|m| m.loaded) {
+            m.resident_gb = Some(m.size_gb * 1.1);
+        }
+        ws
+    }
+
+    fn restore(ws: &NodeView, model: &str, loads: &TableLoads) -> bool {
+        worth_restoring(
+            &Policy::default(),
+            ws,
+            0,
+            model,
+            loads,
+            (NOW - 3_600_000, NOW),
+        )
+    }
+
+    #[test]
+    fn an_unloaded_model_comes_back_when_its_users_lose_more_than_the_idle_ones_that_go() {
+        // Big asked for every 0.7 s, last 1 s ago, reloads in 2.5 s: 2.5 s lost per second
+        // away. Coder (the only set that makes room: small and mid hold 12.1 of the 14.1
+        // needed) asked for every 3 s, reloads in 1.5 s: 0.5 s/s.
+        let big = Rates {
+            last_ms: Some(NOW - 1_000),
+            ..asked(0.7, 2.5)
+        };
+        let loads = TableLoads::default()
+            .rated(0, "big", big)
+            .rated(0, "coder", asked(3.0, 1.5));
+        assert!(restore(&after_coder(), "big", &loads));
+        // Coder asked for every 0.3 s: 5 s/s, it stays.
+        let loads = loads.clone().rated(0, "coder", asked(0.3, 1.5));
+        assert!(!restore(&after_coder(), "big", &loads));
+        // Big quiet for 100 s: 0.025 s/s, it stays away.
+        let quiet = Rates {
+            last_ms: Some(NOW - 100_000),
+            ..asked(0.7, 2.5)
+        };
+        let loads = TableLoads::default()
+            .rated(0, "big", quiet)
+            .rated(0, "coder", asked(3.0, 1.5));
+        assert!(!restore(&after_coder(), "big", &loads));
+    }
+
+    #[test]
+    fn nothing_busy_is_unloaded_and_nothing_unserved_is_read_in_to_restore() {
+        let big = Rates {
+            last_ms: Some(NOW - 1_000),
+            ..asked(0.7, 2.5)
+        };
+        // Coder serving: no idle set makes room.
+        let loads = TableLoads::default()
+            .rated(0, "big", big)
+            .with(0, "coder", queue(1, 0));
+        assert!(!restore(&after_coder(), "big", &loads));
+        // Never served on this node, or once: no evidence anyone will ask again.
+        assert!(!restore(&after_coder(), "big", &TableLoads::default()));
+        let once = Rates { gap_s: None, ..big };
+        let loads_once = TableLoads::default().rated(0, "big", once);
+        assert!(!restore(&after_coder(), "big", &loads_once));
+        // Loaded already: nothing to restore.
+        assert!(!restore(&workstation(), "big", &loads));
+        // Room enough as things are: it comes back without unloading anything.
+        let mut roomy = after_coder();
+        roomy.memory_gb = 128.0;
+        let loads = TableLoads::default().rated(0, "big", big);
+        assert!(restore(&roomy, "big", &loads));
     }
 
     #[test]

@@ -94,7 +94,10 @@ pub fn victims(
 /// choice to the backend's least-recently-used rule. Does nothing where the gateway cannot
 /// manage models or nothing needs to go; a failed unload is logged and the load goes on
 /// (the backend then evicts as it would have).
-pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
+/// `for_demand`: the load is for requests (a request's own, a pre-warm), so what it unloads
+/// may be read back in later (`prewarm::restore`); a restore's own unloads are not, or two
+/// models could take turns.
+pub async fn make_room(fleet: &Fleet, idx: usize, model: &str, for_demand: bool) {
     let view = fleet.view();
     let victims = victims(fleet, &view, idx, model);
     if victims.is_empty() {
@@ -126,6 +129,10 @@ pub async fn make_room(fleet: &Fleet, idx: usize, model: &str) {
             node.id,
             gone.join(", ")
         );
+        if for_demand {
+            let mut evicted = fleet.evicted.lock();
+            evicted.extend(gone.iter().map(|v| (node.id.clone(), v.clone())));
+        }
         for v in &gone {
             crate::metrics::METRICS
                 .evictions

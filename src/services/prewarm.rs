@@ -4,7 +4,9 @@
 //!
 //! In completion mode the trigger is the model's own: a queue whose predicted seat wait for the
 //! next request exceeds the runner-up's predicted load time, and the check interval follows
-//! observed load times (`services::completion_period`).
+//! observed load times (`services::completion_period`). The same pass reads back in a model
+//! the gateway unloaded to make room for another, once that one is idle and the first's users
+//! would lose more to its reload than the idle models that go for it (`restore`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use pingora::services::background::BackgroundService;
 use super::node_api;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::routing::{Choice, Decision, FleetView, Mode};
+use crate::routing::{Choice, Decision, FleetView, Loads, Mode};
 
 pub struct Prewarm {
     fleet: Arc<Fleet>,
@@ -52,34 +54,80 @@ impl Prewarm {
                 if completion && !worth_loading(fleet, &view, idx, &model, &decision, runner_up) {
                     continue;
                 }
-                let key = format!("load:{}:{model}", runner_up.node);
-                if !fleet.ops.start(&key) {
-                    continue;
-                }
-                started += 1;
-                let (fleet, target, model) = (fleet.clone(), runner_up.node, model.clone());
-                let node_id = runner_up.node_id.clone();
-                METRICS
-                    .prewarms
-                    .with_label_values(&[&node_id, &model])
-                    .inc();
-                log::info!(
-                    "pre-warm: {model} queue on {} at {depth}, loading on {node_id}",
-                    view.nodes[idx].id
-                );
-                tokio::spawn(async move {
-                    // What the load throws out is chosen as for a request's cold load.
-                    node_api::make_room(&fleet, target, &model).await;
-                    if let Err(e) = node_api::load(&fleet, target, &model).await {
-                        log::warn!("pre-warm {model} on {node_id}: {e}");
-                    }
-                    node_api::refresh(&fleet, target).await;
-                    fleet.ops.finish(&key, false);
-                });
+                let why = format!("{model} queue on {} at {depth}", view.nodes[idx].id);
+                started += usize::from(start_load(fleet, runner_up.node, &model, &why, true));
             }
+        }
+        if completion && fleet.config().routing.policy.completion_choose_evictions {
+            started += restore(fleet, &view);
         }
         started
     }
+}
+
+/// Completion mode: read back in the models the gateway unloaded to make room for a cold
+/// load, once the model they made room for has gone idle and their users would lose more
+/// reload time than the idle models that go for them (`routing::worth_restoring`), so the
+/// next request for a model asked for often does not pay its reload. One pass; the loads
+/// started.
+fn restore(fleet: &Arc<Fleet>, view: &FleetView) -> usize {
+    let pairs: Vec<(String, String)> = fleet.evicted.lock().iter().cloned().collect();
+    let policy = &fleet.config().routing.policy;
+    let watched = (fleet.watching_since_ms, super::now_ms());
+    let mut started = 0;
+    for (node_id, model) in pairs {
+        let found = view.nodes.iter().position(|n| n.id == node_id);
+        let Some((idx, node)) = found.map(|i| (i, &view.nodes[i])) else {
+            fleet.evicted.lock().remove(&(node_id, model));
+            continue;
+        };
+        if node.model(&model).is_none_or(|m| m.loaded) {
+            // Back already (a request loaded it), or gone from the node.
+            fleet.evicted.lock().remove(&(node_id, model));
+            continue;
+        }
+        // Requests for it load it themselves; a node not taking work is left alone.
+        if fleet.model(idx, &model).busy() || node.health != crate::routing::Health::Online {
+            continue;
+        }
+        if !crate::routing::worth_restoring(policy, node, idx, &model, &**fleet, watched) {
+            continue;
+        }
+        if start_load(
+            fleet,
+            idx,
+            &model,
+            "its users lose more while it is away",
+            false,
+        ) {
+            fleet.evicted.lock().remove(&(node_id, model));
+            started += 1;
+        }
+    }
+    started
+}
+
+/// Load `model` on node `idx` in the background, unless a load of it there is in progress;
+/// true when one started. `for_demand` as in `node_api::make_room`.
+fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, for_demand: bool) -> bool {
+    let key = format!("load:{idx}:{model}");
+    if !fleet.ops.start(&key) {
+        return false;
+    }
+    let node_id = fleet.node_config(idx).id.clone();
+    METRICS.prewarms.with_label_values(&[&node_id, model]).inc();
+    log::info!("pre-warm: {why}, loading {model} on {node_id}");
+    let (fleet, model) = (fleet.clone(), model.to_string());
+    tokio::spawn(async move {
+        // What the load throws out is chosen as for a request's cold load.
+        node_api::make_room(&fleet, idx, &model, for_demand).await;
+        if let Err(e) = node_api::load(&fleet, idx, &model).await {
+            log::warn!("pre-warm {model} on {node_id}: {e}");
+        }
+        node_api::refresh(&fleet, idx).await;
+        fleet.ops.finish(&key, false);
+    });
+    true
 }
 
 /// Completion mode: the next request's predicted seat wait on the busy node exceeds the
