@@ -296,18 +296,17 @@ fn a_node_that_goes_offline_releases_its_requests() {
         );
         // The pinned request cannot move: a clean error, not a 45 s client timeout.
         assert_eq!(moved.await.unwrap(), Verdict::CleanError);
-        let status = admin_json(&gw, "/fleet/status").await;
-        let bad_node = status["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["id"] == "bad")
-            .unwrap()
-            .clone();
-        assert_eq!(
-            bad_node["models"][0]["in_flight"], 0,
-            "seats released: {bad_node}"
-        );
+        // The stream's seat is freed once its error event is written.
+        eventually("the bad node's seats released", || async {
+            let status = admin_json(&gw, "/fleet/status").await;
+            status["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["id"] == "bad")
+                .is_some_and(|n| n["models"][0]["in_flight"] == 0)
+        })
+        .await;
         // An unpinned request goes to the healthy node.
         let r = request(&gw, Kind::OpenAI, 2).send().await.unwrap();
         assert_eq!(r.headers()["x-fleet-node"], "good");

@@ -543,6 +543,12 @@ fn observed_tokens_per_second_ttft_and_calibration() {
             metrics(&gw).await.contains(both)
         })
         .await;
+        // The calibration is the last thing a request's accounting updates.
+        eventually("both prompts calibrated", || async {
+            let s = admin_json(&gw, "/fleet/status").await;
+            s["chars_per_token"][0][1].as_f64().is_some_and(|v| v > 3.3)
+        })
+        .await;
         let s: Value = client()
             .get(gw.admin_url("/fleet/status"))
             .send()

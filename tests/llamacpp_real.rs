@@ -361,11 +361,20 @@ fn real_llamacpp_fleet() {
         assert!(node == "small" || node == "sleepy", "{node}");
         count(&mut sent, &node);
 
-        // 5. The Prometheus counters say what was sent.
-        let got = requests_by_node(&metrics(&gw).await);
-        let got: HashMap<_, _> = got.into_iter().filter(|(_, n)| *n > 0).collect();
+        // 5. The Prometheus counters say what was sent (counted after each reply).
+        let counted = || async {
+            let got = requests_by_node(&metrics(&gw).await);
+            got.into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect::<HashMap<_, _>>()
+        };
+        eventually("every request counted", || async {
+            counted().await == sent
+        })
+        .await;
         assert_eq!(
-            got, sent,
+            counted().await,
+            sent,
             "fleetgate_proxy_requests_total per node and status"
         );
     });

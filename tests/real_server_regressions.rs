@@ -180,7 +180,8 @@ fn ttft_histogram_counts_streamed_successes_only() {
         let want = r#"fleetgate_proxy_time_to_first_token_seconds_count{model="smol",node="tt"} 1"#;
         let done = r#"fleetgate_proxy_request_duration_seconds_count{model="smol",node="tt"} 3"#;
         eventually("three requests accounted", || async {
-            metrics(&gw).await.contains(done)
+            let text = metrics(&gw).await;
+            text.contains(done) && text.contains(want)
         })
         .await;
         let text = metrics(&gw).await;

@@ -527,11 +527,24 @@ fn crowded(
     (node_sim, gw)
 }
 
-/// A chat for `model` answered 200, read to the end.
+/// A chat for `model` answered 200, read to the end, and its seat freed (the gateway frees it
+/// just after the client has the reply; a model with a request running is never unloaded).
 async fn served_ok(gw: &Gateway, model: &str) {
     let r = post(gw, &chat(model, "x"), &[]).await;
     assert_eq!(r.status(), 200);
     r.bytes().await.unwrap();
+    eventually(&format!("{model}'s seat freed"), || async {
+        let s = admin_json(gw, "/fleet/status").await;
+        s["nodes"].as_array().unwrap().iter().all(|n| {
+            n["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["name"] == model)
+                .all(|m| m["in_flight"] == 0)
+        })
+    })
+    .await;
 }
 
 /// Completion mode chooses what a cold load throws out. The node holds a model that is cheap

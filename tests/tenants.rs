@@ -129,18 +129,29 @@ fn missing_or_wrong_keys_get_401_in_each_protocol_shape_and_keys_are_never_logge
         let (s, _, _) = post(&gw, "/api/chat", &[("authorization", KEY_A)], &ollama).await;
         assert_eq!(s, 200);
 
+        // A tenant's usage is counted after the client has its reply.
+        let served_a = r#"fleetgate_tenant_requests_total{status="200",tenant="team-a"} 2"#;
+        eventually("team-a's two requests counted", || async {
+            metrics(&gw).await.contains(served_a)
+        })
+        .await;
         let text = metrics(&gw).await;
-        assert!(text.contains(r#"fleetgate_tenant_requests_total{status="200",tenant="team-a"} 2"#), "{text}");
-        assert!(text.contains(r#"fleetgate_tenant_requests_total{status="401",tenant="unauthenticated"} 5"#));
-        let status = admin_json(&gw, "/fleet/status").await;
-        let team_a = status["tenants"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["tenant"] == "team-a")
-            .expect("team-a in /fleet/status")
-            .clone();
-        assert_eq!(team_a["requests"], 2);
+        assert!(text.contains(r#"fleetgate_tenant_requests_total{status="401",tenant="unauthenticated"} 5"#), "{text}");
+        let team_a = || async {
+            let status = admin_json(&gw, "/fleet/status").await;
+            status["tenants"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["tenant"] == "team-a")
+                .expect("team-a in /fleet/status")
+                .clone()
+        };
+        eventually("team-a's usage in /fleet/status", || async {
+            team_a().await["requests"] == 2
+        })
+        .await;
+        let team_a = team_a().await;
         assert!(team_a["completion_tokens"].as_u64().unwrap() >= 8, "{team_a}");
     });
     let deadline = Instant::now() + Duration::from_secs(10);
