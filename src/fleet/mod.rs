@@ -536,6 +536,11 @@ impl Loads for Fleet {
             .and_then(|n| n.peek(model))
             .map_or_else(Rates::default, |c| c.rates.lock().rates())
     }
+
+    fn loading(&self, node: usize, model: &str) -> bool {
+        self.ops
+            .is_running(&crate::services::prewarm::load_key(node, model))
+    }
 }
 
 impl Fleet {

@@ -94,8 +94,10 @@ fn room<'a>(
 ) -> Option<Room<'a>> {
     let target = node.model(model).filter(|m| !m.loaded)?;
     let busy = |name: &str| loads.model(idx, name).busy();
+    // Being read in: for a request, or in the background.
+    let reading = |name: &str| busy(name) || loads.loading(idx, name);
     let g = growth(node);
-    let need = held_gb(target, g) - free_gb_held(node, model, busy, g);
+    let need = held_gb(target, g) - free_gb_held(node, model, reading, g);
     if need.is_nan() || need.is_infinite() {
         return Some(Room::None);
     }
@@ -153,16 +155,16 @@ fn held_gb(model: &ModelView, g: f64) -> f64 {
 
 /// Free memory for a cold load of `target` with nothing evicted, GB as they will be held:
 /// loaded models, and the other cold loads in progress (models the view has not loaded that
-/// requests were sent to: their weights are being read in), count as [`held_gb`]. Negative
+/// requests were sent to, or a pre-warm or restore is reading in), count as [`held_gb`]. Negative
 /// when the loads in progress already overdraw it. A node that reports its free memory has
 /// counted the loads in progress itself.
-fn free_gb_held(node: &NodeView, target: &str, busy: impl Fn(&str) -> bool, g: f64) -> f64 {
+fn free_gb_held(node: &NodeView, target: &str, reading: impl Fn(&str) -> bool, g: f64) -> f64 {
     let loading: f64 = if node.free_memory_gb.is_some() {
         0.0
     } else {
         node.models
             .iter()
-            .filter(|m| !m.loaded && m.name != target && busy(&m.name))
+            .filter(|m| !m.loaded && m.name != target && reading(&m.name))
             .map(|m| held_gb(m, g))
             .sum()
     };
@@ -325,6 +327,9 @@ mod tests {
             pick(&ws, "coder", &TableLoads::default()).is_empty(),
             "nothing loading"
         );
+        // Read back in by a restore, no request waiting: as taken.
+        let reading = TableLoads::default().reading(0, "big");
+        assert_eq!(pick(&ws, "coder", &reading), ["mid"]);
         // A node that reports its free memory has counted the load in progress itself: 13
         // free means 7 short, mid goes (not big's 40 taken off again).
         ws.free_memory_gb = Some(13.0);

@@ -13,6 +13,8 @@ pub struct TableLoads {
     pub rates: Vec<(usize, String, Rates)>,
     /// Prefill queue by node index.
     pub prefilling: Vec<PrefillLoad>,
+    /// Background loads in progress, (node, model).
+    pub reading: Vec<(usize, String)>,
 }
 
 impl TableLoads {
@@ -30,6 +32,12 @@ impl TableLoads {
     pub fn rated(mut self, idx: usize, model: &str, rates: Rates) -> Self {
         self.rates.retain(|(n, m, _)| !(*n == idx && m == model));
         self.rates.push((idx, model.to_string(), rates));
+        self
+    }
+
+    /// A background load of `model` in progress on node `idx`.
+    pub fn reading(mut self, idx: usize, model: &str) -> Self {
+        self.reading.push((idx, model.to_string()));
         self
     }
 }
@@ -54,6 +62,9 @@ impl Loads for TableLoads {
             .find(|(n, m, _)| *n == node && m == model)
             .map(|(_, _, r)| *r)
             .unwrap_or_default()
+    }
+    fn loading(&self, node: usize, model: &str) -> bool {
+        self.reading.iter().any(|(n, m)| *n == node && m == model)
     }
 }
 

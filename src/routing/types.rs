@@ -210,6 +210,11 @@ pub trait Loads {
     fn rates(&self, _node: usize, _model: &str) -> Rates {
         Rates::default()
     }
+    /// A load of the model that no request is waiting for (pre-warm, restore) is in
+    /// progress on the node: its memory is being taken.
+    fn loading(&self, _node: usize, _model: &str) -> bool {
+        false
+    }
 }
 
 /// What was learned about one node:model pair from its responses (`None`: not observed).

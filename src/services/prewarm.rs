@@ -107,10 +107,15 @@ fn restore(fleet: &Arc<Fleet>, view: &FleetView) -> usize {
     started
 }
 
+/// The `Ops` key of a background load of `model` on node `idx`.
+pub fn load_key(idx: usize, model: &str) -> String {
+    format!("load:{idx}:{model}")
+}
+
 /// Load `model` on node `idx` in the background, unless a load of it there is in progress;
 /// true when one started. `for_demand` as in `node_api::make_room`.
 fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, for_demand: bool) -> bool {
-    let key = format!("load:{idx}:{model}");
+    let key = load_key(idx, model);
     if !fleet.ops.start(&key) {
         return false;
     }
