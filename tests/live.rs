@@ -549,14 +549,7 @@ fn observed_tokens_per_second_ttft_and_calibration() {
             s["chars_per_token"][0][1].as_f64().is_some_and(|v| v > 3.3)
         })
         .await;
-        let s: Value = client()
-            .get(gw.admin_url("/fleet/status"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let s = admin_json(&gw, "/fleet/status").await;
         let m = &s["nodes"][0]["models"][0];
         let tps = m["observed_tps"].as_f64().expect("observed tps");
         assert!(

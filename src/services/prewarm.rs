@@ -75,32 +75,30 @@ fn restore(fleet: &Arc<Fleet>, view: &FleetView) -> usize {
     let policy = &fleet.config().routing.policy;
     let watched = (fleet.watching_since_ms, super::now_ms());
     let mut started = 0;
-    for (node_id, model) in pairs {
-        let found = view.nodes.iter().position(|n| n.id == node_id);
-        let Some((idx, node)) = found.map(|i| (i, &view.nodes[i])) else {
-            fleet.evicted.lock().remove(&(node_id, model));
+    for pair in pairs {
+        let (node_id, model) = &pair;
+        let here = view.nodes.iter().position(|n| &n.id == node_id);
+        // Forgotten once back (a request loaded it), or gone from the node or the fleet.
+        let Some(idx) = here.filter(|&i| view.nodes[i].model(model).is_some_and(|m| !m.loaded))
+        else {
+            fleet.evicted.lock().remove(&pair);
             continue;
         };
-        if node.model(&model).is_none_or(|m| m.loaded) {
-            // Back already (a request loaded it), or gone from the node.
-            fleet.evicted.lock().remove(&(node_id, model));
-            continue;
-        }
+        let node = &view.nodes[idx];
         // Requests for it load it themselves; a node not taking work is left alone.
-        if fleet.model(idx, &model).busy() || node.health != crate::routing::Health::Online {
-            continue;
-        }
-        if !crate::routing::worth_restoring(policy, node, idx, &model, &**fleet, watched) {
-            continue;
-        }
-        if start_load(
-            fleet,
-            idx,
-            &model,
-            "its users lose more while it is away",
-            false,
-        ) {
-            fleet.evicted.lock().remove(&(node_id, model));
+        let ready =
+            !fleet.model(idx, model).busy() && node.health == crate::routing::Health::Online;
+        if ready
+            && crate::routing::worth_restoring(policy, node, idx, model, &**fleet, watched)
+            && start_load(
+                fleet,
+                idx,
+                model,
+                "its users lose more while it is away",
+                false,
+            )
+        {
+            fleet.evicted.lock().remove(&pair);
             started += 1;
         }
     }
