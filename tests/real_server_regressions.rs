@@ -179,13 +179,15 @@ fn ttft_histogram_counts_streamed_successes_only() {
         r.bytes().await.unwrap();
         let want = r#"fleetgate_proxy_time_to_first_token_seconds_count{model="smol",node="tt"} 1"#;
         let done = r#"fleetgate_proxy_request_duration_seconds_count{model="smol",node="tt"} 3"#;
+        // Each request's TTFT is observed just after its duration, once the client has it.
+        let ttft = r#"fleetgate_proxy_time_to_first_token_seconds_count{model="smol",node="tt"}"#;
         eventually("three requests accounted", || async {
             let text = metrics(&gw).await;
-            text.contains(done) && text.contains(want)
+            text.contains(done) && text.contains(ttft)
         })
         .await;
         let text = metrics(&gw).await;
-        assert!(text.contains(want), "{text}");
+        assert!(text.contains(&format!("{want}\n")), "{text}");
     });
 }
 
