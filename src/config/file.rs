@@ -214,7 +214,8 @@ pub struct RoutingFile {
     pub affinity_secret: String,
     /// Spec 004 "only warm providers" for every model (per model: `models.require_warm`).
     pub require_warm: bool,
-    /// Stage 2: `completion` (predicted finish time; the default) or `spec` (spec 000's points).
+    /// Stage 2: `completion` (predicted finish time; the default), `spec` (spec 000's points),
+    /// or the baselines `least-busy` and `round-robin`, over the same survivors.
     pub mode: crate::routing::Mode,
     /// Derive an affinity key from the stable prompt prefix when no `X-Fleet-Conversation`.
     pub prefix_affinity: bool,

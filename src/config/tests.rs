@@ -168,3 +168,22 @@ fn work_stealing_is_on_unless_turned_off() {
     let c = validate(Config::parse(&yaml).unwrap()).unwrap();
     assert!(!c.work_stealing);
 }
+
+#[test]
+fn routing_mode_names_every_mode_and_rejects_a_misspelt_one() {
+    for (name, mode) in [
+        ("completion", crate::routing::Mode::Completion),
+        ("spec", crate::routing::Mode::Spec),
+        ("least-busy", crate::routing::Mode::LeastBusy),
+        ("round-robin", crate::routing::Mode::RoundRobin),
+    ] {
+        let c = Config::from_yaml(&format!("{MINIMAL}routing:\n  mode: {name}\n")).expect(name);
+        assert_eq!(c.routing.policy.mode, mode, "{name}");
+    }
+    let err = Config::from_yaml(&format!("{MINIMAL}routing:\n  mode: leastbusy\n")).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("leastbusy") && msg.contains("least-busy"),
+        "{msg}"
+    );
+}

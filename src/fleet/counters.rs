@@ -36,6 +36,42 @@ pub struct ModelCounters {
     pub not_capable: super::capable::NotCapable,
     /// Rates learned from this pair's responses (completion mode).
     pub rates: Mutex<super::PairRates>,
+    /// When the requests holding its seats are predicted to end (completion mode).
+    pub ends: SeatEnds,
+}
+
+/// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
+/// full pair's next seat frees is the soonest of these, not an average (`routing::completion`).
+#[derive(Debug, Default)]
+pub struct SeatEnds(Mutex<Vec<(u64, u64)>>);
+
+impl SeatEnds {
+    /// Lease `id` is predicted to end at `end_ms` (replacing what it was predicted before).
+    pub fn set(&self, id: u64, end_ms: u64) {
+        let mut v = self.0.lock();
+        match v.iter_mut().find(|(i, _)| *i == id) {
+            Some(e) => e.1 = end_ms,
+            None => v.push((id, end_ms)),
+        }
+    }
+
+    /// Lease `id` ended.
+    pub fn clear(&self, id: u64) {
+        let mut v = self.0.lock();
+        if let Some(k) = v.iter().position(|(i, _)| *i == id) {
+            v.swap_remove(k);
+        }
+    }
+
+    /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`.
+    pub fn remaining(&self, now_ms: u64, out: &mut Vec<f64>) {
+        out.extend(
+            self.0
+                .lock()
+                .iter()
+                .map(|(_, end)| end.saturating_sub(now_ms) as f64 / 1000.0),
+        );
+    }
 }
 
 impl ModelCounters {

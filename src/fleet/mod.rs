@@ -541,6 +541,12 @@ impl Loads for Fleet {
         self.ops
             .is_running(&crate::services::prewarm::load_key(node, model))
     }
+
+    fn seat_ends(&self, node: usize, model: &str, now_ms: u64, out: &mut Vec<f64>) {
+        if let Some(c) = self.nodes.load().get(node).and_then(|n| n.peek(model)) {
+            c.ends.remaining(now_ms, out);
+        }
+    }
 }
 
 impl Fleet {

@@ -109,10 +109,17 @@ impl Dispatch {
         ids
     }
 
-    /// Count the current attempt's uncached prompt in its node's prefill queue (the part
-    /// credited as cached only on the node that holds it).
+    /// The current attempt is sent: its seat's predicted end (completion mode) goes where
+    /// routing reads when that seat frees, and its uncached prompt (the part credited as
+    /// cached only on the node that holds it) into its node's prefill queue.
     pub fn start_prefill(&self, st: &mut Attempts) {
         st.prefill_ahead_s = None;
+        let now_ms = crate::services::now_ms();
+        if let (Some(lease), Some(run_s)) =
+            (st.lease.as_mut(), self.ranked[st.current].predicted_run_s)
+        {
+            lease.expect_end(now_ms.saturating_add((run_s.max(0.0) * 1000.0) as u64));
+        }
         // Only a stream's first byte says when its prefill ended (a whole reply comes at the
         // end): a request that is not streamed is not counted in the queue.
         if !self.stream {
@@ -126,7 +133,7 @@ impl Dispatch {
             l.prompt_tokens
         };
         if let Some(lease) = st.lease.as_mut() {
-            lease.start_prefill(tokens, crate::services::now_ms());
+            lease.start_prefill(tokens, now_ms);
         }
     }
 
@@ -182,6 +189,7 @@ mod tests {
             fallback: false,
             cold: false,
             predicted_s: None,
+            predicted_run_s: None,
         }
     }
 

@@ -182,8 +182,10 @@ pub fn route_request(
     if parsed.images > 0 && !required_tags.iter().any(|t| t == "vision") {
         required_tags.push("vision".into());
     }
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     RouteRequest {
         models,
+        seq: SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         family: Some(ep.family()),
         translatable: protocol::translate::translatable(ep).to_vec(),
         prompt_tokens: parsed.estimated_prompt_tokens(chars_per_token),

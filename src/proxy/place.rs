@@ -143,6 +143,7 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
                 fallback: decision.ranked.first().is_some_and(|c| c.fallback),
                 cold: false,
                 predicted_s: None,
+                predicted_run_s: None,
             },
         ),
     }

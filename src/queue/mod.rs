@@ -45,10 +45,15 @@ pub struct Lease {
     pub counters: Arc<ModelCounters>,
     /// Its place in the node's prefill queue, from its send to its first byte.
     prefill: Option<prefill::Place>,
+    /// Its predicted end is in `counters.ends` under this id.
+    end: Option<u64>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if let Some(id) = self.end {
+            self.counters.ends.clear(id);
+        }
         self.first_byte(crate::services::now_ms());
         self.node_state.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -84,7 +89,15 @@ impl Lease {
             node_state: node_state.clone(),
             counters,
             prefill: None,
+            end: None,
         }
+    }
+
+    /// The request is predicted to end at `end_ms` (completion mode, at its send): its seat is
+    /// counted free from then on by routing (`Loads::seat_ends`) until the lease drops.
+    pub fn expect_end(&mut self, end_ms: u64) {
+        let id = *self.end.get_or_insert_with(next_id);
+        self.counters.ends.set(id, end_ms);
     }
 
     /// The request is sent with `tokens` to prefill: they are in the node's prefill queue

@@ -145,3 +145,28 @@ fn only_one_request_becomes_the_half_open_trial() {
     );
     drop(trial);
 }
+
+/// A sent request's predicted end is what routing reads for its seat until the lease drops;
+/// a later prediction for the same lease replaces it, and one past its end reads 0.
+#[test]
+fn a_seat_is_predicted_free_at_its_requests_end_until_it_is_freed() {
+    let n = node(2, 0, &["m"]);
+    let c = n.counters("m");
+    let mut a = take_now(0, &n, &c).unwrap();
+    let mut b = take_now(0, &n, &c).unwrap();
+    a.expect_end(10_000);
+    b.expect_end(12_500);
+    b.expect_end(11_500);
+    let mut ends = Vec::new();
+    c.ends.remaining(10_500, &mut ends);
+    ends.sort_by(f64::total_cmp);
+    assert_eq!(ends, vec![0.0, 1.0]);
+    drop(a);
+    ends.clear();
+    c.ends.remaining(10_500, &mut ends);
+    assert_eq!(ends, vec![1.0]);
+    drop(b);
+    ends.clear();
+    c.ends.remaining(10_500, &mut ends);
+    assert!(ends.is_empty(), "{ends:?}");
+}

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! total   = wait + load + prefill + decode
-//! wait    = max(ahead / seats x service,     ahead = max(0, in_flight + pending + 1 - seats)
+//! wait    = max(seat,                        ahead = max(0, in_flight + pending + 1 - seats)
 //!               queued / prefill_tps)        queued: prompt tokens the node was sent and has not
 //!                                            answered, less those done since the first could
 //!                                            start; only on a node learned to prefill one prompt
@@ -12,6 +12,10 @@
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = spt1 + per_stream x (c - 1)
 //!                                            c = min(node in flight + 1, seats)
+//! seat    = 0 when ahead = 0; else when the seats of the requests running free (their own
+//!           predicted ends, `seat_ends`), each request waiting before this one taking the
+//!           first free seat for `service`; ahead / seats x service while a running request has
+//!           no predicted end (sent before completion mode predicted it)
 //! ```
 //!
 //! `service` is the observed seat time of the pair, else this request's own prefill + decode;
@@ -63,6 +67,10 @@ pub struct Prediction {
     /// Responses the rates were learned from (0: priors only).
     pub observed: u32,
     pub explored: bool,
+    /// Neither the pair nor any peer of it was observed: the rates are the config's priors,
+    /// which can be off by tens of times (its seat is not predicted free at this end).
+    #[serde(skip)]
+    pub from_priors: bool,
 }
 
 /// What the prediction reads about one surviving pair.
@@ -82,6 +90,9 @@ pub(super) struct Input<'a> {
     pub node_best: Option<Rates>,
     pub needed_tokens: u64,
     pub now_ms: u64,
+    /// Seconds until each request running on the pair is predicted to end (any order; 0 for
+    /// one past its predicted end). Read only when the pair is full: empty otherwise.
+    pub seat_ends: &'a [f64],
 }
 
 const MIN_SPT: f64 = 1e-4;
@@ -127,6 +138,9 @@ pub struct Peers {
     pub probing: bool,
     /// Pairs observed: a mean of one is that pair, the best, no typical node.
     pub pairs: u32,
+    /// Some observed pair of the model could take the request now (a seat free, the window
+    /// fits; set by the caller). When none can, nothing is held back (`held_back`).
+    pub room: bool,
 }
 
 /// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
@@ -240,6 +254,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
         probing: false,
         pairs,
+        room: true,
     })
 }
 
@@ -250,9 +265,15 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 /// priors). True when a peer figure is used.
 /// A probe of the model is out and only one pair was ever observed: that pair's rates would
 /// make every untried pair a copy of it (the mean of one is the best) and a second probe would
-/// go out at once. The pair keeps its own (the priors) until the probe answers.
+/// go out at once. The pair keeps its own (the priors) until the probe answers — while the
+/// observed pair has room. Once it is full a request would wait there behind its seats while
+/// untried nodes sat idle, priced at priors that can be tens of times too slow (a burst of 16
+/// queued on the one node seen while a faster one had never been tried): then an untried
+/// pair is taken as a copy of the observed one, and the wait decides.
 fn held_back(x: &Input<'_>) -> bool {
-    x.rates.observed == 0 && x.peer.is_some_and(|p| p.pairs < 2 && probe_out(x, &p))
+    x.rates.observed == 0
+        && x.peer
+            .is_some_and(|p| p.pairs < 2 && p.room && probe_out(x, &p))
 }
 
 /// A never-observed pair of the model is being tried: this one, or another anywhere.
@@ -389,7 +410,12 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     } else {
         0.0
     };
-    let seat_wait_s = f64::from(ahead) / f64::from(seats) * service_s;
+    let seat_wait_s = if ahead == 0 {
+        0.0
+    } else {
+        seat_wait(seats, &x.load, x.seat_ends, service_s)
+            .unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
+    };
     let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
     let load_s = load_s(p, x);
     let total_s = wait_s + load_s + prefill_s + decode_s;
@@ -413,7 +439,46 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         service_s,
         observed: r.observed,
         explored,
+        from_priors: r.observed == 0 && !optimistic && typical.is_none(),
     }
+}
+
+/// Requests waiting before one are placed one at a time this far; beyond, they drain at
+/// `seats / service` (what the heuristic assumes of all of them).
+const SEAT_QUEUE_STEPS: u32 = 64;
+
+/// Seconds until a seat frees for a request that arrives behind `load.pending` waiters on a
+/// full pair: the seats free when the running requests end (`ends`, seconds from now), and
+/// each waiter ahead takes the first free seat for `service_s`. `None` when some running request
+/// has no predicted end (the caller falls back on `ahead / seats x service`).
+///
+/// A long prompt and a short one hold a seat for very different times: counting both as
+/// `service / seats` sent a request to whichever full node looked alike, not to the one whose
+/// seat frees first.
+fn seat_wait(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Option<f64> {
+    let running = load.in_flight as usize;
+    if ends.len() < running {
+        return None;
+    }
+    // When each seat is next free, soonest first: the `running` soonest ends (a request that
+    // ended between the counts and the ends is gone from both soon), the idle seats now.
+    let mut free: Vec<f64> = ends.iter().map(|e| e.max(0.0)).collect();
+    free.sort_unstable_by(f64::total_cmp);
+    free.truncate(running);
+    let idle = (seats as usize).saturating_sub(running);
+    free.splice(0..0, std::iter::repeat_n(0.0, idle));
+    if free.is_empty() {
+        return None;
+    }
+    let service = service_s.max(0.0);
+    let stepped = load.pending.min(SEAT_QUEUE_STEPS);
+    for _ in 0..stepped {
+        let t = free.remove(0) + service;
+        let at = free.partition_point(|f| *f <= t);
+        free.insert(at, t);
+    }
+    let rest = f64::from(load.pending - stepped) / f64::from(seats.max(1)) * service;
+    Some(free[0] + rest)
 }
 
 /// Seconds to read `m` from the node's disk into memory: what its loads took (`observed`),
@@ -468,6 +533,7 @@ mod tests {
             node_best: None,
             needed_tokens: 2_000,
             now_ms: 1_000_000,
+            seat_ends: &[],
         }
     }
 

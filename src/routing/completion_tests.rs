@@ -248,6 +248,67 @@ fn a_deeper_queue_is_never_predicted_sooner() {
     }
 }
 
+/// Both nodes are full and alike in every rate: the one whose running requests end first (a
+/// short prompt's, not two long ones') is where a seat frees first, and the wait says so; a
+/// request waiting there already takes that seat, so the next free one counts. Without the
+/// ends (requests sent before anything predicted them) both wait `ahead / seats x service`.
+#[test]
+fn a_full_node_whose_seats_free_first_wins() {
+    let mut f = fleet(vec![
+        node("long", vec![loaded("m", 4.0)]),
+        node("short", vec![loaded("m", 4.0)]),
+    ]);
+    for n in &mut f.nodes {
+        n.seats = 2;
+    }
+    let rated = |l: TableLoads| {
+        let service = Rates {
+            service_s: Some(2.0),
+            ..seen(100.0)
+        };
+        l.rated(0, "m", service).rated(1, "m", service)
+    };
+    let r = req(&["m"], 1_000);
+    let full = rated(TableLoads::default())
+        .with(0, "m", queue(2, 0))
+        .with(1, "m", queue(2, 0));
+    let blind = at(&r, &f, &full);
+    let (a, b) = (predicted(&blind, 0), predicted(&blind, 1));
+    assert_near(a.wait_s, 1.0, &a);
+    assert_near(b.wait_s, 1.0, &b);
+    let ended = full
+        .clone()
+        .ending(0, "m", &[3.0, 5.0])
+        .ending(1, "m", &[4.0, 0.25]);
+    let d = at(&r, &f, &ended);
+    assert_eq!(d.winner().unwrap().node_id, "short");
+    assert_near(predicted(&d, 0).wait_s, 3.0, &predicted(&d, 0));
+    assert_near(predicted(&d, 1).wait_s, 0.25, &predicted(&d, 1));
+    // One already waits on `short`: it takes the seat free at 0.25 s until 2.25 s; the next
+    // one frees at 2.25 s, still before `long`'s first at 3 s.
+    let queued = rated(TableLoads::default())
+        .with(0, "m", queue(2, 0))
+        .with(1, "m", queue(2, 1))
+        .ending(0, "m", &[3.0, 5.0])
+        .ending(1, "m", &[4.0, 0.25]);
+    let d = at(&r, &f, &queued);
+    assert_near(predicted(&d, 1).wait_s, 2.25, &predicted(&d, 1));
+    assert_eq!(d.winner().unwrap().node_id, "short");
+    // Two wait there: 2.25 s and then 4 s taken, `long` (3 s) is sooner.
+    let deeper = rated(TableLoads::default())
+        .with(0, "m", queue(2, 0))
+        .with(1, "m", queue(2, 2))
+        .ending(0, "m", &[3.0, 5.0])
+        .ending(1, "m", &[4.0, 0.25]);
+    let d = at(&r, &f, &deeper);
+    assert_near(predicted(&d, 1).wait_s, 4.0, &predicted(&d, 1));
+    assert_eq!(d.winner().unwrap().node_id, "long");
+    // One end unknown on `short` (2 running, 1 predicted): the heuristic there again.
+    let partial = full.ending(1, "m", &[0.25]);
+    let d = at(&r, &f, &partial);
+    assert_near(predicted(&d, 1).wait_s, 1.0, &predicted(&d, 1));
+}
+
 /// An untried node is predicted with the best rates the fleet has seen for the model, so it
 /// gets a request as soon as it would finish it as soon as the best known node; while that
 /// one probe is out it is taken as a typical node (the mean of the observed ones), and once
@@ -578,6 +639,31 @@ fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
     // tokens/s, explored at x0.5), and the known node wins.
     let probing = loads.clone().with(1, "m", queue(1, 0));
     let d = at(&r, &f, &probing);
+    assert_eq!(d.winner().unwrap().node_id, "known", "{d:?}");
+    let p = predicted(&d, 2);
+    assert_near(p.decode_tps, 20.0, &p);
+}
+
+/// Bursts on a fleet where one node was seen: once that node's seats are all taken, holding
+/// the untried nodes at their priors (tens of times too slow on a fast fleet) would queue the
+/// whole burst there while they sat idle. With no observed pair left with room, an untried one
+/// is a copy of the observed one, and the wait decides.
+#[test]
+fn when_the_one_node_seen_is_full_an_untried_one_is_priced_as_its_copy() {
+    let f = alike(&["known", "fresh-a", "fresh-b"], 5.0);
+    let r = req(&["m"], 1_000);
+    let known_running = |n| {
+        TableLoads::default()
+            .rated(0, "m", seen(100.0))
+            .with(0, "m", queue(n, 0))
+            .with(1, "m", queue(1, 0))
+    };
+    let d = at(&r, &f, &known_running(4));
+    let p = predicted(&d, 2);
+    assert_near(p.decode_tps, 100.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "fresh-b", "{d:?}");
+    // With a seat free on it again, fresh-b is held back at its priors and the known node wins.
+    let d = at(&r, &f, &known_running(3));
     assert_eq!(d.winner().unwrap().node_id, "known", "{d:?}");
     let p = predicted(&d, 2);
     assert_near(p.decode_tps, 20.0, &p);

@@ -8,7 +8,7 @@ use super::policy::Policy;
 use super::signals::{self, Pair};
 use super::types::{
     AffinityKind, Choice, Decision, FleetView, Loads, Mode, NoRoute, Rates, Reason, RouteRequest,
-    Row, Tier, Verdict,
+    Row, Signals, Tier, Verdict,
 };
 
 /// A surviving pair, kept small: the explain table holds the signals.
@@ -24,6 +24,12 @@ struct Cand {
     rank: usize,
     /// Speaks the client's protocol (no translation): wins a tie on score.
     native: bool,
+    /// `least-busy` / `round-robin`: the pair's turn among its model's survivors this
+    /// request (lower first at equal score); 0 in the other modes.
+    turn: usize,
+    /// Completion mode: requests in flight on the node, which breaks a tie on predicted
+    /// finish (0 in the other modes: spec 000 breaks ties by node order alone).
+    busy: u32,
 }
 
 /// Decide where `req` goes (see [`decide_once`]). When nothing survives and some pairs were
@@ -90,7 +96,7 @@ fn decide_once(
     // Completion mode: the learned rates of every (node, candidate model) pair, read once
     // (table order), and per model what the fleet observed of it (the untried pairs' prior).
     let rates: Vec<Rates> = match policy.mode {
-        Mode::Spec => Vec::new(),
+        Mode::Spec | Mode::LeastBusy | Mode::RoundRobin => Vec::new(),
         Mode::Completion => fleet
             .nodes
             .iter()
@@ -114,10 +120,27 @@ fn decide_once(
                     && node.model(name).is_some()
                     && loads.model(idx, name).busy()
             });
-            Some(completion::Peers { probing, ..peers })
+            // Could an observed pair take it now (`completion::held_back`)?
+            let room = fleet.nodes.iter().enumerate().any(|(idx, node)| {
+                let Some(m) = node.model(name) else {
+                    return false;
+                };
+                rates[idx * n_models + pos].observed > 0
+                    && loads.model(idx, name).depth() < node.seats.max(1)
+                    && eliminate::window_fits(m, eliminate::needed_tokens(req, node))
+                    && eliminate::node_reason(req, node, policy, loads.node_in_flight(idx))
+                        .is_none()
+            });
+            Some(completion::Peers {
+                probing,
+                room,
+                ..peers
+            })
         })
         .collect();
 
+    // A full pair's running requests' predicted ends (refilled per pair that needs them).
+    let mut ends: Vec<f64> = Vec::new();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
         // What the node has shown on its models, read once for all its untried pairs.
@@ -134,7 +157,9 @@ fn decide_once(
         let needed = eliminate::needed_tokens(req, node);
         let available = match (node_out, policy.mode) {
             (Some(_), _) => 0.0,
-            (None, Mode::Spec) => eliminate::available_gb(node),
+            (None, Mode::Spec | Mode::LeastBusy | Mode::RoundRobin) => {
+                eliminate::available_gb(node)
+            }
             (None, Mode::Completion) => {
                 eliminate::available_gb_evicting(node, |name| loads.model(idx, name).busy())
             }
@@ -178,6 +203,7 @@ fn decide_once(
                         }
                         Mode::Completion => {
                             let own = rates[idx * n_models + pos];
+                            seat_ends(loads, idx, name, node, &load, now_ms, &mut ends);
                             let input = Input {
                                 req,
                                 node,
@@ -194,10 +220,20 @@ fn decide_once(
                                 },
                                 needed_tokens: needed,
                                 now_ms,
+                                seat_ends: &ends,
                             };
                             let prediction = completion::predict(policy, &input, 0);
                             let total = finite(-prediction.total_s);
                             (Verdict::Predicted { prediction }, total)
+                        }
+                        Mode::LeastBusy | Mode::RoundRobin => {
+                            let busy = node_in_flight.saturating_add(load.pending);
+                            let total = match policy.mode {
+                                Mode::LeastBusy => -f64::from(busy),
+                                _ => 0.0,
+                            };
+                            let signals = Signals::default();
+                            (Verdict::Scored { signals, total }, total)
                         }
                     };
                     if !provisional && node_in_flight < node.seats.max(1) {
@@ -211,6 +247,11 @@ fn decide_once(
                         idle_provisional: provisional && node_in_flight == 0,
                         rank: 0,
                         native: eliminate::speaks(req, node),
+                        turn: 0,
+                        busy: match policy.mode {
+                            Mode::Completion => node_in_flight,
+                            _ => 0,
+                        },
                     });
                     verdict
                 }
@@ -238,6 +279,7 @@ fn decide_once(
         Mode::Completion => {
             add_cached_prefix(&post, &rendezvous, cached_on, &mut table, &mut cands)
         }
+        Mode::LeastBusy | Mode::RoundRobin => take_turns(req.seq, n_models, &mut cands),
     }
 
     if policy
@@ -290,6 +332,12 @@ fn decide_once(
         .iter()
         .map(|c| {
             let model = &req.models[c.model];
+            let run_s = match &table[c.node * n_models + c.model].verdict {
+                Verdict::Predicted { prediction: p } if !p.from_priors => {
+                    Some(p.total_s - p.wait_s)
+                }
+                _ => None,
+            };
             Choice {
                 node: c.node,
                 node_id: fleet.nodes[c.node].id.clone(),
@@ -298,6 +346,7 @@ fn decide_once(
                 fallback: Some(model) != primary,
                 cold: !c.loaded,
                 predicted_s: (policy.mode == Mode::Completion).then_some(-c.total),
+                predicted_run_s: run_s.filter(|s| s.is_finite()),
             }
         })
         .collect();
@@ -307,6 +356,38 @@ fn decide_once(
         no_route,
         affinity,
         table,
+    }
+}
+
+/// `least-busy` / `round-robin`: request `seq` starts its model's survivors (`cands`, in node
+/// order) at its turn, `seq` mod their count, and goes round from there.
+fn take_turns(seq: u64, n_models: usize, cands: &mut [Cand]) {
+    for pos in 0..n_models {
+        let k = cands.iter().filter(|c| c.model == pos).count();
+        if k == 0 {
+            continue;
+        }
+        let start = (seq % k as u64) as usize;
+        for (i, c) in cands.iter_mut().filter(|c| c.model == pos).enumerate() {
+            c.turn = (i + k - start) % k;
+        }
+    }
+}
+
+/// Refill `out` with the predicted ends of the requests running on node:model when a request
+/// would have to wait for one of its seats (else leave it empty: nothing waits).
+fn seat_ends(
+    loads: &dyn Loads,
+    idx: usize,
+    name: &str,
+    node: &super::types::NodeView,
+    load: &super::types::ModelLoad,
+    now_ms: u64,
+    out: &mut Vec<f64>,
+) {
+    out.clear();
+    if load.depth().saturating_add(1) > node.seats.max(1) {
+        loads.seat_ends(idx, name, now_ms, out);
     }
 }
 
@@ -363,11 +444,14 @@ fn add_cached_prefix(
         let Some(model) = node.model(name) else {
             continue;
         };
+        let load = post.loads.model(idx, name);
+        let mut ends = Vec::new();
+        seat_ends(post.loads, idx, name, node, &load, post.now_ms, &mut ends);
         let input = Input {
             req,
             node,
             model,
-            load: post.loads.model(idx, name),
+            load,
             node_in_flight: post.loads.node_in_flight(idx),
             node_prefilling: post.loads.node_prefilling(idx),
             rates: post.rates[idx * n_models + pos],
@@ -375,6 +459,7 @@ fn add_cached_prefix(
             node_best: None,
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
+            seat_ends: &ends,
         };
         let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);
         let total = finite(-prediction.total_s);
@@ -429,7 +514,9 @@ fn node_best(node: &super::types::NodeView, idx: usize, loads: &dyn Loads) -> Op
 }
 
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol
-/// before translated, then node index, keeping
+/// before translated, then (`least-busy`, `round-robin`) whose turn it is, then (completion
+/// mode) fewer requests in flight on the node — the priors predict a node with three streams
+/// as soon done as an idle one until contention is measured — then node index, keeping
 /// the best `max_ranked` (0: all). The order is total, so the result is deterministic.
 fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
     let mut model_loaded = [false; 64];
@@ -446,7 +533,7 @@ fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
         }
     }
     let first = match mode {
-        Mode::Spec => None,
+        Mode::Spec | Mode::LeastBusy | Mode::RoundRobin => None,
         Mode::Completion => completion_first(cands, loaded),
     };
     for c in cands.iter_mut() {
@@ -462,6 +549,8 @@ fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
             .cmp(&b.rank)
             .then(b.total.total_cmp(&a.total))
             .then(b.native.cmp(&a.native))
+            .then(a.turn.cmp(&b.turn))
+            .then(a.busy.cmp(&b.busy))
             .then(a.node.cmp(&b.node))
     };
     if max_ranked > 0 && cands.len() > max_ranked {

@@ -322,3 +322,55 @@ fn translated_node_is_a_candidate_and_a_native_one_wins_the_tie() {
     let d = decide(&ollama, &f, &Policy::default(), &loads, 0);
     assert_eq!(d.winner().map(|w| w.node_id.as_str()), Some("a"));
 }
+
+/// The baseline modes over the same survivors: `least-busy` takes the node with the fewest
+/// requests running on it and waiting for the pair; `round-robin` gives each request the next
+/// survivor in turn. Both skip what Stage 1 eliminated, as every mode does.
+#[test]
+fn least_busy_and_round_robin_take_turns_among_the_survivors() {
+    let mut capped = node("capped", vec![loaded("m", 8.0)]);
+    capped.hard_cap = 1;
+    let f = fleet(vec![
+        node("a", vec![loaded("m", 8.0)]),
+        capped,
+        node("b", vec![loaded("m", 8.0)]),
+        node("c", vec![loaded("m", 8.0)]),
+    ]);
+    let loads = TableLoads::default()
+        .with(0, "m", queue(2, 0))
+        .with(1, "m", queue(1, 0))
+        .with(2, "m", queue(0, 0))
+        .with(3, "m", queue(0, 1));
+    let pick = |mode: Mode, seq: u64| {
+        let policy = Policy {
+            mode,
+            ..Policy::default()
+        };
+        let d = decide(&RouteRequest { seq, ..req(&["m"]) }, &f, &policy, &loads, 0);
+        assert_eq!(reason(&d, 1), Some(Reason::HardCap), "{d:?}");
+        d.winner().expect("winner").node_id.clone()
+    };
+    // b: nothing running or waiting; c has one waiting, a two running.
+    for seq in 0..3 {
+        assert_eq!(pick(Mode::LeastBusy, seq), "b");
+    }
+    let turns: Vec<String> = (0..6).map(|seq| pick(Mode::RoundRobin, seq)).collect();
+    assert_eq!(turns, ["a", "b", "c", "a", "b", "c"]);
+    // Equally busy, least-busy takes turns too.
+    let idle = TableLoads::default().with(1, "m", queue(1, 0));
+    let policy = Policy {
+        mode: Mode::LeastBusy,
+        ..Policy::default()
+    };
+    let turns: Vec<String> = (0..3)
+        .map(|seq| {
+            let r = RouteRequest { seq, ..req(&["m"]) };
+            decide(&r, &f, &policy, &idle, 0)
+                .winner()
+                .unwrap()
+                .node_id
+                .clone()
+        })
+        .collect();
+    assert_eq!(turns, ["a", "b", "c"]);
+}

@@ -15,6 +15,8 @@ pub struct TableLoads {
     pub prefilling: Vec<PrefillLoad>,
     /// Background loads in progress, (node, model).
     pub reading: Vec<(usize, String)>,
+    /// Seconds until each running request ends, by (node, model).
+    pub ends: Vec<(usize, String, Vec<f64>)>,
 }
 
 impl TableLoads {
@@ -32,6 +34,12 @@ impl TableLoads {
     pub fn rated(mut self, idx: usize, model: &str, rates: Rates) -> Self {
         self.rates.retain(|(n, m, _)| !(*n == idx && m == model));
         self.rates.push((idx, model.to_string(), rates));
+        self
+    }
+
+    /// The requests running on node `idx`'s `model` end in `ends` seconds.
+    pub fn ending(mut self, idx: usize, model: &str, ends: &[f64]) -> Self {
+        self.ends.push((idx, model.to_string(), ends.to_vec()));
         self
     }
 
@@ -65,6 +73,15 @@ impl Loads for TableLoads {
     }
     fn loading(&self, node: usize, model: &str) -> bool {
         self.reading.iter().any(|(n, m)| *n == node && m == model)
+    }
+    fn seat_ends(&self, node: usize, model: &str, _now_ms: u64, out: &mut Vec<f64>) {
+        for (_, _, e) in self
+            .ends
+            .iter()
+            .filter(|(n, m, _)| *n == node && m == model)
+        {
+            out.extend(e);
+        }
     }
 }
 

@@ -17,6 +17,9 @@ pub enum Family {
 pub struct RouteRequest {
     /// Primary model first, then fallbacks in order (empty fallbacks when `X-Fleet-No-Fallback`).
     pub models: Vec<String>,
+    /// The request's number at this gateway: whose turn it is in `least-busy` and
+    /// `round-robin` modes (nothing else reads it).
+    pub seq: u64,
     pub family: Option<Family>,
     /// Families the gateway can translate this request into when a node lacks `family`
     /// (such a node stays a candidate; at equal score a native node ranks first).
@@ -48,13 +51,19 @@ pub struct RouteRequest {
 /// 000's policy, so `Spec` is the type's default; the config's `routing.mode` defaults to
 /// `Completion`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Spec 000's point system (8 signals), exact.
     #[default]
     Spec,
     /// Predicted completion time: seat wait + cold load + prefill + decode, lowest wins.
     Completion,
+    /// The baselines other routers offer (LiteLLM's least-busy, vLLM's and SGLang's
+    /// round-robin), over the same survivors: the node:model with the fewest requests running
+    /// on the node and waiting for the pair wins, ties taking turns.
+    LeastBusy,
+    /// The survivors take turns, request by request (`RouteRequest::seq`).
+    RoundRobin,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -215,6 +224,10 @@ pub trait Loads {
     fn loading(&self, _node: usize, _model: &str) -> bool {
         false
     }
+    /// Seconds from `now_ms` until each request running on node:model is predicted to end
+    /// (completion mode records it when the request is sent; 0 for one past it), pushed to
+    /// `out`; none known by default.
+    fn seat_ends(&self, _node: usize, _model: &str, _now_ms: u64, _out: &mut Vec<f64>) {}
 }
 
 /// What was learned about one node:model pair from its responses (`None`: not observed).
@@ -449,6 +462,10 @@ pub struct Choice {
     pub cold: bool,
     /// Completion mode: the predicted finish, seconds from now.
     pub predicted_s: Option<f64>,
+    /// Completion mode: of that, the seconds from its send to its end (load, prefill and
+    /// decode; not the wait for a seat): its seat's predicted end once sent (`Loads::seat_ends`).
+    #[serde(skip)]
+    pub predicted_run_s: Option<f64>,
 }
 
 /// Why nothing was chosen; maps to the client-visible error.

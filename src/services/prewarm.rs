@@ -155,7 +155,9 @@ impl BackgroundService for Prewarm {
         loop {
             let period = match self.fleet.config().routing.policy.mode {
                 Mode::Completion => super::completion_period(&self.fleet, configured),
-                Mode::Spec => Duration::from_millis(configured),
+                Mode::Spec | Mode::LeastBusy | Mode::RoundRobin => {
+                    Duration::from_millis(configured)
+                }
             };
             tokio::select! {
                 _ = shutdown.changed() => break,
