@@ -4,8 +4,16 @@
 //! without a conversation header) under four policies in the same run:
 //! - `completion`: fleetgate, `routing.mode: completion` (predicted completion time);
 //! - `spec-000`: fleetgate, `routing.mode: spec` (spec 000's points);
-//! - `round-robin`: client-side, per model over the nodes that have it on disk;
-//! - `least-busy`: client-side, fewest requests in flight (counted by the client).
+//! - `round-robin`: fleetgate, `routing.mode: round-robin` (the survivors take turns);
+//! - `least-busy`: fleetgate, `routing.mode: least-busy` (fewest running and waiting);
+//! - `rr-direct`: client-side, per model over the nodes that have it on disk;
+//! - `lb-direct`: client-side, fewest requests in flight (counted by the client).
+//!
+//! The first four pay the same gateway hop and keep the same hard rules (a window that fits,
+//! capabilities, breakers): they differ only in placement, and the checks compare
+//! completion with them. The direct two go straight to the nodes, with a retry elsewhere after
+//! a context-overflow answer (as LiteLLM's fallbacks do): what a client gets without any
+//! gateway, printed for reference with completion's ratio to them.
 //!
 //! The gateway config gives fleetgate only URLs, `backend: ollama`, seats and memory.
 //! Prints per scenario mean / p50 / p99 total time, TTFT, errors (context overflows apart),
@@ -16,7 +24,8 @@
 //! `cargo bench --bench placement`  (3 runs per scenario);
 //! `cargo bench --bench placement -- --quick` (or `FLEETGATE_BENCH_QUICK=1`): one run;
 //! `-- --only home-lab,slowdown` some scenarios, `-- --policies completion,spec-000` some
-//! policies (the others show zeros); `-- --trace` (or `FLEETGATE_BENCH_TRACE=1`)
+//! policies (the others show zeros); `-- --run 2` starts at run 2 (trace seed + 2: with
+//! `--quick`, that run alone); `-- --trace` (or `FLEETGATE_BENCH_TRACE=1`)
 //! also prints every request (node, cached tokens, load, TTFT, total).
 
 mod common;
@@ -37,6 +46,8 @@ use scenario::{Mode, Scenario};
 
 struct Args {
     runs: usize,
+    /// Run index of the first run (its trace seed is the scenario's `seed` + this).
+    first: usize,
     only: Option<Vec<String>>,
     policies: Option<Vec<String>>,
     trace: bool,
@@ -54,6 +65,9 @@ fn args() -> Args {
     };
     Args {
         runs: if quick { 1 } else { common::scaled(3, 1) },
+        first: list("--run")
+            .and_then(|v: Vec<String>| v.first()?.parse().ok())
+            .unwrap_or(0),
         only: list("--only"),
         policies: list("--policies"),
         trace: argv.iter().any(|a| a == "--trace") || env_on("FLEETGATE_BENCH_TRACE"),
@@ -101,6 +115,8 @@ fn main() {
     let policies = [
         Policy::Fleetgate(Mode::Completion, supported),
         Policy::Fleetgate(Mode::Spec, supported),
+        Policy::Fleetgate(Mode::RoundRobin, supported),
+        Policy::Fleetgate(Mode::LeastBusy, supported),
         Policy::RoundRobin,
         Policy::LeastBusy,
     ];
@@ -111,7 +127,7 @@ fn main() {
         println!("\n== {} ({} nodes): {}", sc.name, nodes.len(), sc.about);
         let mut per: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
         for run in 0..a.runs {
-            let tr = trace::trace(&sc, sc.seed + run as u64);
+            let tr = trace::trace(&sc, sc.seed + (a.first + run) as u64);
             let turns: usize = tr.chats.iter().map(|c| c.turns.len()).sum();
             let mut line = format!(
                 "  run {run}: {} requests + {turns} turns | mean s:",
@@ -162,32 +178,33 @@ fn main() {
     print_summary(&summary);
 }
 
+/// Policies the checks compare completion with: those behind the same gateway hop.
+const JUDGED: usize = 4;
+
 /// One markdown row per scenario: mean total per policy, completion / each other policy on
-/// the requests both served, checks.
+/// the requests both served, checks (against the policies behind the gateway; the direct
+/// ones are for reference).
 fn print_summary(summary: &[(String, Vec<Figures>, Vec<f64>)]) {
-    println!("\nmean total time of the requests that succeeded, medians over runs; c/x: completion's mean over x's on the requests both served (median over runs); done-when: c/x <= 1 for every other policy x, no context-overflow answer, no more failed requests than any other (home-lab*: also c/spec <= 0.6)");
-    println!("| scenario | completion | spec-000 | round-robin | least-busy | c/spec | c/rr | c/lb | failed (c/s/rr/lb) | ctx answers (c/s/rr/lb) | done-when |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\nmean total time of the requests that succeeded, medians over runs; c/x: completion's mean over x's on the requests both served (median over runs); done-when (against the policies behind the gateway: spec-000, round-robin, least-busy): c/x <= 1, no context-overflow answer, no more failed requests than any of them (home-lab*: also c/spec <= 0.6); rr-direct / lb-direct: the client routes itself, no gateway hop (reference)");
+    println!("| scenario | completion | spec-000 | round-robin | least-busy | rr-direct | lb-direct | c/spec | c/rr | c/lb | c/rr-direct | c/lb-direct | failed (c/s/rr/lb/rrd/lbd) | ctx answers (c/s/rr/lb/rrd/lbd) | done-when |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, med, like) in summary {
-        let fewest_errors = med[1..]
+        let fewest_errors = med[1..JUDGED]
             .iter()
             .map(|f| f.errors)
             .fold(f64::INFINITY, f64::min);
-        let mut ok = like.iter().all(|r| *r <= 1.0)
+        let mut ok = like[..JUDGED - 1].iter().all(|r| *r <= 1.0)
             && med[0].context_errors == 0.0
             && med[0].errors <= fewest_errors;
         if name.starts_with("home-lab") {
             ok &= like[0] <= 0.6;
         }
+        let means: Vec<String> = med.iter().map(|f| format!("{:.3} s", f.mean_s)).collect();
+        let ratios: Vec<String> = like.iter().map(|r| format!("{r:.2}x")).collect();
         println!(
-            "| {name} | {:.3} s | {:.3} s | {:.3} s | {:.3} s | {:.2}x | {:.2}x | {:.2}x | {} | {} | {} |",
-            med[0].mean_s,
-            med[1].mean_s,
-            med[2].mean_s,
-            med[3].mean_s,
-            like[0],
-            like[1],
-            like[2],
+            "| {name} | {} | {} | {} | {} | {} |",
+            means.join(" | "),
+            ratios.join(" | "),
             med.iter()
                 .map(|f| f.errors.to_string())
                 .collect::<Vec<_>>()

@@ -17,8 +17,9 @@ use crate::common;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// fleetgate; `None` mode: this build has no `routing.mode`, its default runs.
+    /// fleetgate; `false`: this build has no `routing.mode`, its default runs.
     Fleetgate(Mode, bool),
+    /// The client routes straight to the nodes (no gateway hop).
     RoundRobin,
     LeastBusy,
 }
@@ -28,8 +29,10 @@ impl Policy {
         match self {
             Policy::Fleetgate(Mode::Completion, _) => "completion",
             Policy::Fleetgate(Mode::Spec, _) => "spec-000",
-            Policy::RoundRobin => "round-robin",
-            Policy::LeastBusy => "least-busy",
+            Policy::Fleetgate(Mode::RoundRobin, _) => "round-robin",
+            Policy::Fleetgate(Mode::LeastBusy, _) => "least-busy",
+            Policy::RoundRobin => "rr-direct",
+            Policy::LeastBusy => "lb-direct",
         }
     }
 }

@@ -176,6 +176,8 @@ impl Scenario {
 pub enum Mode {
     Completion,
     Spec,
+    LeastBusy,
+    RoundRobin,
 }
 
 impl Mode {
@@ -183,6 +185,8 @@ impl Mode {
         match self {
             Mode::Completion => "completion",
             Mode::Spec => "spec",
+            Mode::LeastBusy => "least-busy",
+            Mode::RoundRobin => "round-robin",
         }
     }
 }
