@@ -12,11 +12,24 @@
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = spt1 + per_stream x (c - 1)
 //!                                            c = min(node in flight + 1, seats)
+//!                                            per_stream: learned, else the model's pairs' mean
+//!                                            relative cost x spt1, else
+//!                                            completion_contention_prior x spt1
 //! seat    = 0 when ahead = 0; else when the seats of the requests running free (their own
 //!           predicted ends, `seat_ends`), each request waiting before this one taking the
 //!           first free seat for `service`; ahead / seats x service while a running request has
 //!           no predicted end (sent before completion mode predicted it)
+//! imposed = per_stream / spt(c) x sum over the c - 1 other streams of the seconds they decode
+//!           while this one does (until their predicted end, else all of `decode`)
+//! rank    = total + imposed
 //! ```
+//!
+//! `imposed` is what sending the request there costs the requests already running on the
+//! node: each decodes `per_stream` seconds per token slower while this one decodes. The pairs
+//! are ranked by the time the whole fleet spends, the request's own finish plus that (the
+//! mean over all requests is what users feel, and a request that saves itself 10 ms by
+//! slowing three others by 10 ms each made the mean worse); `total` is what is reported as
+//! the request's predicted finish.
 //!
 //! `service` is the observed seat time of the pair, else this request's own prefill + decode;
 //! `output_tokens` the fleet's observed mean for the model (capped by `max_tokens`), else
@@ -50,6 +63,9 @@ pub struct Prediction {
     pub load_s: f64,
     pub prefill_s: f64,
     pub decode_s: f64,
+    /// Seconds this request adds to the streams already decoding on the node (ranked with
+    /// `total_s`, not part of it).
+    pub imposed_s: f64,
     /// Requests that must leave a seat before this one runs.
     pub ahead: u32,
     /// Streams decoding on the node while this one does.
@@ -91,7 +107,7 @@ pub(super) struct Input<'a> {
     pub needed_tokens: u64,
     pub now_ms: u64,
     /// Seconds until each request running on the pair is predicted to end (any order; 0 for
-    /// one past its predicted end). Read only when the pair is full: empty otherwise.
+    /// one past its predicted end); empty when none is known.
     pub seat_ends: &'a [f64],
 }
 
@@ -339,10 +355,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .or_else(|| typical.and_then(|t| positive(t.decode_spt)))
         .unwrap_or(prior_spt)
         .max(MIN_SPT);
-    // Unknown (seen at one concurrency only): the fleet's relative cost, else none.
+    // Unknown (seen at one concurrency only): the fleet's relative cost, else the prior.
     let per_stream = r
         .decode_spt_per_stream
         .or_else(|| x.peer.and_then(|p| p.contention).map(|c| c * spt1))
+        .or(Some(p.completion_contention_prior * spt1))
         .filter(|b| b.is_finite())
         .map_or(0.0, |b| b.max(0.0));
     let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
@@ -419,6 +436,24 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
     let load_s = load_s(p, x);
     let total_s = wait_s + load_s + prefill_s + decode_s;
+    let imposed_s = if per_stream > 0.0 && concurrency > 1 {
+        let others = (concurrency - 1) as usize;
+        let start = wait_s + load_s + prefill_s;
+        // The pair's running requests until their ends, the rest (other models' streams, or
+        // those a waiting request would run beside) for all of this decode.
+        let mut overlap: f64 = 0.0;
+        let mut known = 0;
+        if ahead == 0 {
+            for e in x.seat_ends.iter().take(others) {
+                overlap += (e - start).clamp(0.0, decode_s);
+                known += 1;
+            }
+        }
+        overlap += (others - known) as f64 * decode_s;
+        per_stream / spt * overlap
+    } else {
+        0.0
+    };
     Prediction {
         total_s: if total_s.is_nan() {
             f64::INFINITY
@@ -429,6 +464,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         load_s,
         prefill_s,
         decode_s,
+        imposed_s: if imposed_s.is_finite() {
+            imposed_s
+        } else {
+            0.0
+        },
         ahead,
         concurrency,
         cached_tokens: cached,

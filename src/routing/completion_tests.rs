@@ -111,10 +111,11 @@ fn small_model_goes_to_the_fast_node_with_free_seats() {
     let w = d.winner().unwrap();
     assert_eq!(w.node_id, "workstation");
     assert!((w.predicted_s.unwrap() - (500.0 / 800.0 + 200.0 / 40.0)).abs() < 1e-9);
-    // All 8 seats busy and p waiting: (p + 1) / 8 x 5.625 s of wait. The workstation keeps
-    // winning until that exceeds the laptop's 22.5 s.
+    // All 8 seats busy and p waiting: (p + 1) / 8 seat times of wait (6.7 s each at 8
+    // streams, with the prior contention of 3 % a stream). The workstation keeps winning until
+    // that exceeds the laptop's 22.5 s.
     let busy = |pending| loads.clone().with(0, "small", queue(8, pending));
-    let d = decide(&r, &f, &completion(), &busy(20), 1_000_000);
+    let d = decide(&r, &f, &completion(), &busy(10), 1_000_000);
     assert_eq!(d.winner().unwrap().node_id, "workstation");
     let d = decide(&r, &f, &completion(), &busy(30), 1_000_000);
     assert_eq!(d.winner().unwrap().node_id, "laptop");
@@ -396,8 +397,9 @@ fn a_node_fast_on_another_model_is_tried_first() {
         .with(2, "big", queue(1, 0));
     let d = at(&r, &f, &loads);
     assert_eq!(d.winner().unwrap().node_id, "fast", "{:#?}", d.table);
+    // At 200 tokens/s alone, beside the big model's stream (the prior contention: 3 %).
     let prediction = predicted(&d, 2);
-    assert_near(prediction.decode_tps, 200.0, &prediction);
+    assert_near(prediction.decode_tps, 200.0 / 1.03, &prediction);
     // The unknown node being probed does not hold the fast one back.
     let probing = loads.clone().with(0, "small", queue(1, 0));
     assert_eq!(at(&r, &f, &probing).winner().unwrap().node_id, "fast");
@@ -407,7 +409,7 @@ fn a_node_fast_on_another_model_is_tried_first() {
         .with(2, "big", queue(1, 0));
     let d = at(&r, &f, &blind);
     let prediction = predicted(&d, 2);
-    assert_near(prediction.decode_tps, 100.0, &prediction);
+    assert_near(prediction.decode_tps, 100.0 / 1.03, &prediction);
 }
 
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
@@ -667,4 +669,63 @@ fn when_the_one_node_seen_is_full_an_untried_one_is_priced_as_its_copy() {
     assert_eq!(d.winner().unwrap().node_id, "known", "{d:?}");
     let p = predicted(&d, 2);
     assert_near(p.decode_tps, 20.0, &p);
+}
+
+/// A request is ranked by the time the fleet spends on it: its own finish plus what it adds to
+/// the streams already decoding beside it. Three streams that would each decode 0.2 s slower
+/// while it runs cost more than the 0.47 s it saves itself on the faster node; three that end
+/// before its prefill is done cost nothing, and the faster node wins.
+#[test]
+fn the_slowdown_a_request_imposes_on_running_streams_counts_until_they_end() {
+    let f = alike(&["fast-busy", "slower-idle"], 5.0);
+    let r = req(&["m"], 1_000);
+    let fast = Rates {
+        decode_spt_per_stream: Some(0.001),
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .rated(0, "m", fast)
+        .with(0, "m", queue(3, 0))
+        .rated(1, "m", seen(70.0));
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    // Own: 0.5 s prefill + 200 x 0.013 s; imposed: 3 streams x 0.001 / 0.013 x 2.6 s.
+    assert_near(p.total_s, 0.5 + 2.6, &p);
+    assert_near(p.imposed_s, 0.6, &p);
+    assert_eq!(predicted(&d, 1).imposed_s, 0.0);
+    let w = d.winner().unwrap();
+    assert_eq!(w.node_id, "slower-idle", "{d:?}");
+    // The reported finish is the request's own.
+    assert_near(w.predicted_s.unwrap(), 1_000.0 / 1_400.0 + 200.0 / 70.0, &p);
+    // The three end in 0.1 s, before this one's first token: nothing imposed.
+    let ending = loads.ending(0, "m", &[0.1, 0.1, 0.1]);
+    let d = at(&r, &f, &ending);
+    assert_near(predicted(&d, 0).imposed_s, 0.0, &predicted(&d, 0));
+    assert_eq!(d.winner().unwrap().node_id, "fast-busy", "{d:?}");
+}
+
+/// The context bench's first seconds: two nodes alike, each seen twice at one stream, one of
+/// them 2 % faster by the noise of two responses and running three streams. No contention was
+/// measured anywhere yet: the prior (`completion_contention_prior`) prices the three streams,
+/// and the idle node gets the long prompt.
+#[test]
+fn before_any_contention_is_measured_an_idle_node_beats_a_busy_one_a_little_faster() {
+    let f = alike(&["busy", "idle"], 5.0);
+    let r = req(&["m"], 20_000);
+    let loads = TableLoads::default()
+        .rated(0, "m", seen(102.0))
+        .with(0, "m", queue(3, 0))
+        .rated(1, "m", seen(100.0));
+    let d = at(&r, &f, &loads);
+    assert_eq!(d.winner().unwrap().node_id, "idle", "{d:?}");
+    let p = predicted(&d, 0);
+    assert_near(p.decode_tps, 102.0 / 1.09, &p);
+    assert!(p.imposed_s > 0.0, "{p:?}");
+    // Measured at zero on the fleet, the contention is zero: the faster node wins.
+    let free = Rates {
+        decode_spt_per_stream: Some(0.0),
+        ..seen(102.0)
+    };
+    let d = at(&r, &f, &loads.clone().rated(0, "m", free));
+    assert_eq!(d.winner().unwrap().node_id, "busy", "{d:?}");
 }

@@ -203,7 +203,7 @@ fn decide_once(
                         }
                         Mode::Completion => {
                             let own = rates[idx * n_models + pos];
-                            seat_ends(loads, idx, name, node, &load, now_ms, &mut ends);
+                            seat_ends(loads, idx, name, &load, now_ms, &mut ends);
                             let input = Input {
                                 req,
                                 node,
@@ -223,7 +223,7 @@ fn decide_once(
                                 seat_ends: &ends,
                             };
                             let prediction = completion::predict(policy, &input, 0);
-                            let total = finite(-prediction.total_s);
+                            let total = finite(-(prediction.total_s + prediction.imposed_s));
                             (Verdict::Predicted { prediction }, total)
                         }
                         Mode::LeastBusy | Mode::RoundRobin => {
@@ -332,11 +332,17 @@ fn decide_once(
         .iter()
         .map(|c| {
             let model = &req.models[c.model];
-            let run_s = match &table[c.node * n_models + c.model].verdict {
-                Verdict::Predicted { prediction: p } if !p.from_priors => {
-                    Some(p.total_s - p.wait_s)
-                }
-                _ => None,
+            // Ranked by total + imposed; reported: the request's own finish.
+            let (predicted_s, run_s) = match &table[c.node * n_models + c.model].verdict {
+                Verdict::Predicted { prediction: p } => (
+                    Some(if p.total_s.is_nan() {
+                        -c.total
+                    } else {
+                        p.total_s
+                    }),
+                    (!p.from_priors).then_some(p.total_s - p.wait_s),
+                ),
+                _ => (None, None),
             };
             Choice {
                 node: c.node,
@@ -345,7 +351,7 @@ fn decide_once(
                 score: c.total,
                 fallback: Some(model) != primary,
                 cold: !c.loaded,
-                predicted_s: (policy.mode == Mode::Completion).then_some(-c.total),
+                predicted_s,
                 predicted_run_s: run_s.filter(|s| s.is_finite()),
             }
         })
@@ -374,19 +380,18 @@ fn take_turns(seq: u64, n_models: usize, cands: &mut [Cand]) {
     }
 }
 
-/// Refill `out` with the predicted ends of the requests running on node:model when a request
-/// would have to wait for one of its seats (else leave it empty: nothing waits).
+/// Refill `out` with the predicted ends of the requests running on node:model: when a request
+/// would wait for a seat, and for how long it would slow those streams (none running: empty).
 fn seat_ends(
     loads: &dyn Loads,
     idx: usize,
     name: &str,
-    node: &super::types::NodeView,
     load: &super::types::ModelLoad,
     now_ms: u64,
     out: &mut Vec<f64>,
 ) {
     out.clear();
-    if load.depth().saturating_add(1) > node.seats.max(1) {
+    if load.in_flight > 0 {
         loads.seat_ends(idx, name, now_ms, out);
     }
 }
@@ -446,7 +451,7 @@ fn add_cached_prefix(
         };
         let load = post.loads.model(idx, name);
         let mut ends = Vec::new();
-        seat_ends(post.loads, idx, name, node, &load, post.now_ms, &mut ends);
+        seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
         let input = Input {
             req,
             node,
@@ -462,7 +467,7 @@ fn add_cached_prefix(
             seat_ends: &ends,
         };
         let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);
-        let total = finite(-prediction.total_s);
+        let total = finite(-(prediction.total_s + prediction.imposed_s));
         table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
         if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
             cands[i].total = total;
