@@ -31,6 +31,10 @@ use crate::utils::BufRef;
 // fleetgate patch: 8 KiB, not 64 KiB: one such buffer per body being read, held while the
 // body is open (a node's token stream: its whole length), so 64 KiB cost ~200 KB per stream.
 const BODY_BUFFER_SIZE: usize = 1024 * 8;
+// fleetgate patch: a chunked body read from upstream (a node's token stream: SSE or NDJSON
+// events of a few hundred bytes each) reads into 2 KiB, not 8: the buffer is held for the
+// stream's whole length, and an open stream held 8.2 KB of its ~56 KB in it.
+const UPSTREAM_CHUNKED_BUFFER_SIZE: usize = 1024 * 2;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // Trailers: https://datatracker.ietf.org/doc/html/rfc9112#section-7.1.2
@@ -216,13 +220,16 @@ impl BodyReader {
     /// while making room to read the rest of the head.
     fn reserve_buf_for_io(&mut self) {
         let body_buf = self.body_buf.get_or_insert_default();
-        if body_buf.len() < self.body_buf_size {
-            body_buf.reserve(self.body_buf_size - body_buf.len());
-        }
+        // fleetgate patch: room for a full read after what is held (a partial chunk head can
+        // be up to PARTIAL_CHUNK_HEAD_LIMIT, longer than a 2 KiB upstream chunked buffer).
+        body_buf.reserve(self.body_buf_size);
     }
 
     pub fn init_chunked(&mut self, buf_to_rewind: &[u8]) {
         self.body_state = PS::Chunked(0, 0, 0, 0);
+        if self.upstream {
+            self.body_buf_size = self.body_buf_size.min(UPSTREAM_CHUNKED_BUFFER_SIZE);
+        }
         self.prepare_buf(buf_to_rewind);
     }
 
@@ -233,6 +240,9 @@ impl BodyReader {
     /// possibly of following pipelined requests) keep their original allocation.
     pub fn init_chunked_owned(&mut self, buf_to_rewind: BytesMut) {
         self.body_state = PS::Chunked(0, 0, 0, 0);
+        if self.upstream {
+            self.body_buf_size = self.body_buf_size.min(UPSTREAM_CHUNKED_BUFFER_SIZE);
+        }
         self.prepare_owned_buf(buf_to_rewind);
     }
 
@@ -537,8 +547,11 @@ impl BodyReader {
                         self.body_state = self
                             .body_state
                             .partial_chunk_head(expecting_from_io, expecting_from_io);
+                        // fleetgate patch: a full read after the held head (was
+                        // `body_buf_size - head`, which underflows for a head longer than the
+                        // buffer).
                         let new_bytes = stream
-                            .take((self.body_buf_size - expecting_from_io) as u64)
+                            .take(self.body_buf_size as u64)
                             .read_buf(body_buf)
                             .await
                             .or_err(ReadError, "when reading body")?;
