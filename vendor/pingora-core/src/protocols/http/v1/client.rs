@@ -349,7 +349,17 @@ impl HttpSession {
                             return self.fail_response_header_read(e);
                         }
 
-                        let buf = std::mem::take(&mut self.response_header_read_buf).freeze();
+                        // fleetgate patch: the parsed header (and the body bytes read with
+                        // it) point into this buffer for the response's whole life, and it was
+                        // reserved at 4 KiB for a head of a few hundred bytes: an open stream
+                        // held it all. Mostly empty, the bytes read are copied out and the
+                        // buffer freed.
+                        let read = std::mem::take(&mut self.response_header_read_buf);
+                        let buf = if read.capacity() >= 2 * read.len() + 1024 {
+                            Bytes::copy_from_slice(&read)
+                        } else {
+                            read.freeze()
+                        };
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
