@@ -139,7 +139,7 @@ fn decide_once(
         })
         .collect();
 
-    // A full pair's running requests' predicted ends (refilled per pair that needs them).
+    // The running requests' predicted ends of the pair being predicted (refilled per pair).
     let mut ends: Vec<f64> = Vec::new();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
@@ -335,11 +335,7 @@ fn decide_once(
             // Ranked by total + imposed; reported: the request's own finish.
             let (predicted_s, run_s) = match &table[c.node * n_models + c.model].verdict {
                 Verdict::Predicted { prediction: p } => (
-                    Some(if p.total_s.is_nan() {
-                        -c.total
-                    } else {
-                        p.total_s
-                    }),
+                    Some(p.total_s),
                     (!p.from_priors).then_some(p.total_s - p.wait_s),
                 ),
                 _ => (None, None),
@@ -520,8 +516,8 @@ fn node_best(node: &super::types::NodeView, idx: usize, loads: &dyn Loads) -> Op
 
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol
 /// before translated, then (`least-busy`, `round-robin`) whose turn it is, then (completion
-/// mode) fewer requests in flight on the node — the priors predict a node with three streams
-/// as soon done as an idle one until contention is measured — then node index, keeping
+/// mode) fewer requests in flight on the node — an equal prediction says nothing about which
+/// is busier — then node index, keeping
 /// the best `max_ranked` (0: all). The order is total, so the result is deterministic.
 fn rank(cands: &mut Vec<Cand>, n_models: usize, max_ranked: usize, mode: Mode) {
     let mut model_loaded = [false; 64];

@@ -225,11 +225,16 @@ impl BodyReader {
         body_buf.reserve(self.body_buf_size);
     }
 
-    pub fn init_chunked(&mut self, buf_to_rewind: &[u8]) {
+    /// fleetgate patch: enter the chunked state; read from upstream, in the smaller buffer.
+    fn start_chunked(&mut self) {
         self.body_state = PS::Chunked(0, 0, 0, 0);
         if self.upstream {
             self.body_buf_size = self.body_buf_size.min(UPSTREAM_CHUNKED_BUFFER_SIZE);
         }
+    }
+
+    pub fn init_chunked(&mut self, buf_to_rewind: &[u8]) {
+        self.start_chunked();
         self.prepare_buf(buf_to_rewind);
     }
 
@@ -239,10 +244,7 @@ impl BodyReader {
     /// bytes the header parser read past the end of the header (the start of the body, and
     /// possibly of following pipelined requests) keep their original allocation.
     pub fn init_chunked_owned(&mut self, buf_to_rewind: BytesMut) {
-        self.body_state = PS::Chunked(0, 0, 0, 0);
-        if self.upstream {
-            self.body_buf_size = self.body_buf_size.min(UPSTREAM_CHUNKED_BUFFER_SIZE);
-        }
+        self.start_chunked();
         self.prepare_owned_buf(buf_to_rewind);
     }
 
