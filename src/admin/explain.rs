@@ -175,7 +175,7 @@ impl<'a> Report<'a> {
 /// Column titles of completion mode's table: the terms (seconds), then the rates behind them.
 fn completion_header() -> String {
     format!(
-        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>8} {:>7} {:>7} {:>5}\n",
+        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>8} {:>7} {:>5} {:>7} {:>5}\n",
         "node",
         "model",
         "total_s",
@@ -188,6 +188,7 @@ fn completion_header() -> String {
         "pf_queue",
         "pf_tok/s",
         "tok/s",
+        "pace",
         "svc_s",
         "seen"
     )
@@ -195,7 +196,7 @@ fn completion_header() -> String {
 
 fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
     format!(
-        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>7.2} {:>4}{}\n",
+        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>5.2} {:>7.2} {:>4}{}\n",
         node,
         model,
         p.total_s,
@@ -208,6 +209,7 @@ fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
         p.prefill_queue_tokens,
         p.prefill_tps,
         p.decode_tps,
+        p.pace,
         p.service_s,
         p.observed,
         if p.explored { "*" } else { " " }

@@ -1,11 +1,12 @@
 //! Per node:model state: seats in use, waiting requests, latency window (p75), tokens/s.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::Breaker;
-use crate::routing::ModelLoad;
+use crate::routing::{LiveDecode, ModelLoad};
 
 const WINDOW: usize = 128;
 
@@ -41,24 +42,61 @@ pub struct ModelCounters {
 }
 
 /// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
-/// full pair's next seat frees is the soonest of these, not an average (`routing::completion`).
+/// full pair's next seat frees is the soonest of these, not an average (`routing::completion`);
+/// and how far its answer has streamed (`Progress`).
 #[derive(Debug, Default)]
-pub struct SeatEnds(Mutex<Vec<(u64, u64)>>);
+pub struct SeatEnds(Mutex<Vec<(u64, u64, Arc<Progress>)>>);
+
+/// How far one running request's streamed answer has come: its first and latest chunk (ms)
+/// and the chunks between. Written by the request's own task, read by routing.
+#[derive(Debug, Default)]
+pub struct Progress {
+    first_ms: AtomicU64,
+    last_ms: AtomicU64,
+    chunks: AtomicU32,
+}
+
+impl Progress {
+    /// The answer's `chunks`-th chunk came at `now_ms` (the first one starts the clock).
+    pub fn chunk(&self, chunks: u32, now_ms: u64) {
+        if self.first_ms.load(Ordering::Relaxed) == 0 {
+            self.first_ms.store(now_ms.max(1), Ordering::Relaxed);
+        }
+        self.last_ms.store(now_ms, Ordering::Relaxed);
+        self.chunks.store(chunks, Ordering::Relaxed);
+    }
+
+    /// Seconds and tokens streamed after the first chunk (`None` before a second one).
+    fn streamed(&self) -> Option<(f64, u32)> {
+        let first = self.first_ms.load(Ordering::Relaxed);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let tokens = self.chunks.load(Ordering::Relaxed).saturating_sub(1);
+        (first > 0 && last > first && tokens > 0).then(|| ((last - first) as f64 / 1000.0, tokens))
+    }
+}
 
 impl SeatEnds {
-    /// Lease `id` is predicted to end at `end_ms` (replacing what it was predicted before).
-    pub fn set(&self, id: u64, end_ms: u64) {
+    /// Lease `id` is predicted to end at `end_ms` (replacing what it was predicted before);
+    /// returns where its answer's progress goes.
+    pub fn set(&self, id: u64, end_ms: u64) -> Arc<Progress> {
         let mut v = self.0.lock();
-        match v.iter_mut().find(|(i, _)| *i == id) {
-            Some(e) => e.1 = end_ms,
-            None => v.push((id, end_ms)),
+        match v.iter_mut().find(|(i, _, _)| *i == id) {
+            Some(e) => {
+                e.1 = end_ms;
+                e.2.clone()
+            }
+            None => {
+                let p = Arc::new(Progress::default());
+                v.push((id, end_ms, p.clone()));
+                p
+            }
         }
     }
 
     /// Lease `id` ended.
     pub fn clear(&self, id: u64) {
         let mut v = self.0.lock();
-        if let Some(k) = v.iter().position(|(i, _)| *i == id) {
+        if let Some(k) = v.iter().position(|(i, _, _)| *i == id) {
             v.swap_remove(k);
         }
     }
@@ -69,10 +107,28 @@ impl SeatEnds {
             self.0
                 .lock()
                 .iter()
-                .map(|(_, end)| end.saturating_sub(now_ms) as f64 / 1000.0),
+                .map(|(_, end, _)| end.saturating_sub(now_ms) as f64 / 1000.0),
         );
     }
+
+    /// What the running answers have streamed so far, summed over those with at least
+    /// `LIVE_MIN_TOKENS` tokens past their first (`None`: none has).
+    pub fn live(&self) -> Option<LiveDecode> {
+        let mut live = LiveDecode::default();
+        for (_, _, p) in self.0.lock().iter() {
+            if let Some((secs, tokens)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
+                live.secs += secs;
+                live.tokens += f64::from(tokens);
+                live.streams += 1;
+            }
+        }
+        (live.streams > 0).then_some(live)
+    }
 }
+
+/// A running answer's pace is read once this many tokens have streamed after its first (fewer
+/// arrive in bursts a network or a batching server makes).
+pub const LIVE_MIN_TOKENS: u32 = 16;
 
 impl ModelCounters {
     pub fn load(&self) -> ModelLoad {

@@ -29,7 +29,7 @@ use parking_lot::{Mutex, RwLock};
 pub use crate::queue::Lease;
 pub use breaker::{Breaker, BreakerPolicy, BreakerState, Outcome};
 pub use calibrate::Calibration;
-pub use counters::ModelCounters;
+pub use counters::{ModelCounters, Progress};
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
@@ -42,7 +42,7 @@ use view::{next_due, node_view, ViewParams};
 
 use crate::config::{Config, NodeConfig};
 use crate::routing::{
-    FleetView, Health, Loads, ModelLoad, ModelView, NodeView, PrefillLoad, Rates,
+    FleetView, Health, LiveDecode, Loads, ModelLoad, ModelView, NodeView, PrefillLoad, Rates,
 };
 use crate::services::now_ms;
 
@@ -52,6 +52,8 @@ pub struct NodeState {
     pub in_flight: AtomicU32,
     /// What was sent to the node and is still before its first byte.
     pub prefill: crate::queue::prefill::PrefillQueue,
+    /// The streams it is decoding (from their first byte to their end).
+    pub decoding: crate::queue::decoding::DecodeClock,
     /// Most requests in flight on the node across its models (spec 003 hard cap).
     hard_cap: AtomicU32,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
@@ -546,6 +548,16 @@ impl Loads for Fleet {
         if let Some(c) = self.nodes.load().get(node).and_then(|n| n.peek(model)) {
             c.ends.remaining(now_ms, out);
         }
+    }
+
+    fn live_decode(&self, node: usize, model: &str) -> Option<LiveDecode> {
+        let nodes = self.nodes.load();
+        let n = nodes.get(node)?;
+        let live = n.peek(model)?.ends.live()?;
+        Some(LiveDecode {
+            node_decoding: n.decoding.streams(),
+            ..live
+        })
     }
 }
 

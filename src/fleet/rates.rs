@@ -57,8 +57,13 @@ pub struct Observation {
     pub prompt_eval_s: Option<f64>,
     pub eval_s: Option<f64>,
     pub load_s: Option<f64>,
-    /// Streams decoding on the node meanwhile (this one included).
+    /// Requests in flight on the node meanwhile (this one included): the mean of the counts
+    /// at its send and its end.
     pub concurrency: u32,
+    /// Streams that decoded on the node while this one did, on average (this one included;
+    /// `queue::decoding`): what its seconds per token were paid at. `None` (not streamed):
+    /// `concurrency` stands in.
+    pub decode_streams: Option<f64>,
     /// Routing's priors for the pair (prompt tokens/s, seconds per output token; 0: none),
     /// to split the time of a response that was neither streamed nor timed by the backend.
     pub prior_prefill_tps: f64,
@@ -127,7 +132,10 @@ impl PairRates {
             o.load_s.unwrap_or(0.0)
         };
         let out = o.output_tokens.filter(|t| *t >= 2).map(f64::from);
-        let streams = f64::from(o.concurrency.max(1) - 1);
+        let streams = o
+            .decode_streams
+            .filter(|s| s.is_finite())
+            .map_or(f64::from(o.concurrency.max(1) - 1), |s| (s - 1.0).max(0.0));
         let (mut prefill_s, mut gen_s) = match (o.prompt_eval_s, first) {
             (Some(p), _) if p > 0.0 => (Some(p), None),
             (_, Some(t)) if !o.cold => (Some((t - load).max(0.0)), Some(o.service_s - t)),
@@ -403,6 +411,37 @@ mod tests {
         assert!(within(r.prefill_tps.unwrap(), 2_000.0, 0.05), "{r:?}");
         // Nobody ever ahead: undecided (routing takes the fleet's majority meanwhile).
         assert_eq!(alone.rates().prefill_shared, None);
+    }
+
+    #[test]
+    fn contention_is_learned_against_the_streams_that_decoded_not_the_requests_in_flight() {
+        // 5 % per further stream (the sim's `decode_contention`), 200 tok/s alone. Four in
+        // flight every time (long prompts prefilling beside), 1 to 4 of them decoding.
+        let (spt1, per) = (1.0 / 200.0, 0.05 / 200.0);
+        let mut by_streams = PairRates::default();
+        let mut by_flight = PairRates::default();
+        for i in 0..24u64 {
+            let decoding = 1.0 + (i % 4) as f64 + 0.3 * ((i % 3) as f64 - 1.0).abs();
+            let spt = spt1 + per * (decoding - 1.0);
+            let o = Observation {
+                service_s: 0.05 + 100.0 * spt,
+                ttft_s: Some(0.05),
+                output_tokens: Some(100),
+                concurrency: 4,
+                ..response(1_000_000 + i * 300, 500, 4, 10_000.0, 200.0, 0.0)
+            };
+            by_flight.observe(&o);
+            by_streams.observe(&Observation {
+                decode_streams: Some(decoding),
+                ..o
+            });
+        }
+        let r = by_streams.rates();
+        assert!(within(r.decode_spt.unwrap(), spt1, 0.02), "{r:?}");
+        assert!(within(r.decode_spt_per_stream.unwrap(), per, 0.10), "{r:?}");
+        // In-flight counts that never change tell nothing about contention.
+        let r = by_flight.rates();
+        assert!(r.decode_spt_per_stream.unwrap_or(0.0) < per * 0.5, "{r:?}");
     }
 
     #[test]

@@ -64,6 +64,9 @@ pub struct Attempts {
     /// Seconds the current attempt waited for the request sent before it on the node to
     /// answer (`queue::prefill`); set at its first byte.
     pub prefill_ahead_s: Option<f64>,
+    /// Mean streams decoding on the node while the current attempt's answer streamed, itself
+    /// included (`queue::decoding`); set at its end.
+    pub decode_streams: Option<f64>,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -114,6 +117,7 @@ impl Dispatch {
     /// cached only on the node that holds it) into its node's prefill queue.
     pub fn start_prefill(&self, st: &mut Attempts) {
         st.prefill_ahead_s = None;
+        st.decode_streams = None;
         let now_ms = crate::services::now_ms();
         if let (Some(lease), Some(run_s)) =
             (st.lease.as_mut(), self.ranked[st.current].predicted_run_s)

@@ -316,7 +316,9 @@ fn record(d: &Dispatch, log: &AccessLog, arrival: &Arrival) {
     let c = d.choice();
     let mut st = d.state.lock();
     // The seat is free from here on (the next waiter of that node gets it).
-    drop(st.lease.take());
+    if let Some(mut lease) = st.lease.take() {
+        st.decode_streams = lease.end_decoding(crate::services::now_ms());
+    }
     let status_code = st.status.unwrap_or(502);
     let status = status_code.to_string();
     let labels = [c.node_id.as_str(), c.model.as_str()];

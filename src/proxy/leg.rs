@@ -331,12 +331,22 @@ impl Exchange<'_> {
             if st.first_byte.is_none() && !b.is_empty() {
                 st.first_byte = Some(Instant::now());
                 if let Some(lease) = st.lease.as_mut() {
-                    st.prefill_ahead_s = lease.first_byte(now_ms());
+                    let now = now_ms();
+                    let ahead = lease.first_byte(now);
+                    if self.d.stream {
+                        lease.start_decoding(now);
+                    }
+                    st.prefill_ahead_s = ahead;
                 }
             }
             st.body_bytes += b.len();
             st.last_activity = Some(Instant::now());
             st.observer.feed(b);
+            if self.d.stream {
+                if let Some(lease) = st.lease.as_ref() {
+                    lease.streamed(st.observer.chunks(), now_ms());
+                }
+            }
         }
         if let Some(x) = self.translator.as_mut() {
             xlate::body(x, body, end);

@@ -90,6 +90,11 @@ impl StreamObserver {
         self.line_len = 0;
     }
 
+    /// Chunks (lines) seen whole so far.
+    pub fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
     /// What the body said (the last line counts even without a trailing newline).
     /// The first bytes of the body (an error answer fits whole).
     pub fn head(&self) -> &[u8] {

@@ -175,7 +175,10 @@ fn learn(
         });
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
-    let prefill_ahead_s = d.state.lock().prefill_ahead_s;
+    let (prefill_ahead_s, decode_streams) = {
+        let st = d.state.lock();
+        (st.prefill_ahead_s, st.decode_streams)
+    };
     let o = Observation {
         now_ms: now,
         cold: c.cold,
@@ -190,6 +193,7 @@ fn learn(
         eval_s: secs(observed.eval_duration_ns),
         load_s: secs(observed.load_duration_ns),
         concurrency: (l.concurrency.max(1) + now_in_flight).div_ceil(2),
+        decode_streams,
         prior_prefill_tps,
         prior_spt,
     };

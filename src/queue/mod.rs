@@ -5,6 +5,7 @@
 
 pub mod admission;
 mod board;
+pub mod decoding;
 pub mod fair;
 pub mod prefill;
 pub mod seats;
@@ -45,16 +46,20 @@ pub struct Lease {
     pub counters: Arc<ModelCounters>,
     /// Its place in the node's prefill queue, from its send to its first byte.
     prefill: Option<prefill::Place>,
-    /// Its predicted end is in `counters.ends` under this id.
-    end: Option<u64>,
+    /// Its predicted end is in `counters.ends` under this id, with its answer's progress.
+    end: Option<(u64, Arc<crate::fleet::Progress>)>,
+    /// Decoding (streamed) since its first byte, on the node's clock.
+    decoding: Option<decoding::Mark>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(id) = self.end {
-            self.counters.ends.clear(id);
+        if let Some((id, _)) = &self.end {
+            self.counters.ends.clear(*id);
         }
-        self.first_byte(crate::services::now_ms());
+        let now_ms = crate::services::now_ms();
+        self.first_byte(now_ms);
+        self.end_decoding(now_ms);
         self.node_state.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         pump(self.node, &self.node_state);
@@ -90,14 +95,24 @@ impl Lease {
             counters,
             prefill: None,
             end: None,
+            decoding: None,
         }
     }
 
     /// The request is predicted to end at `end_ms` (completion mode, at its send): its seat is
     /// counted free from then on by routing (`Loads::seat_ends`) until the lease drops.
     pub fn expect_end(&mut self, end_ms: u64) {
-        let id = *self.end.get_or_insert_with(next_id);
-        self.counters.ends.set(id, end_ms);
+        let id = self.end.as_ref().map_or_else(next_id, |(id, _)| *id);
+        let progress = self.counters.ends.set(id, end_ms);
+        self.end = Some((id, progress));
+    }
+
+    /// The answer's `chunks`-th chunk streamed (completion mode reads its pace,
+    /// `fleet::Progress`).
+    pub fn streamed(&self, chunks: u32, now_ms: u64) {
+        if let Some((_, p)) = &self.end {
+            p.chunk(chunks, now_ms);
+        }
     }
 
     /// The request is sent with `tokens` to prefill: they are in the node's prefill queue
@@ -112,6 +127,20 @@ impl Lease {
     pub fn first_byte(&mut self, now_ms: u64) -> Option<f64> {
         let t = self.prefill.take()?;
         self.node_state.prefill.leave(t, now_ms)
+    }
+
+    /// The first byte of a streamed answer: the request decodes from now (`decoding`).
+    pub fn start_decoding(&mut self, now_ms: u64) {
+        if self.decoding.is_none() {
+            self.decoding = Some(self.node_state.decoding.enter(now_ms));
+        }
+    }
+
+    /// The answer ended: the mean number of streams that decoded on the node while it did,
+    /// itself included (`None`: not streamed, or too short to tell).
+    pub fn end_decoding(&mut self, now_ms: u64) -> Option<f64> {
+        let m = self.decoding.take()?;
+        self.node_state.decoding.leave(m, now_ms)
     }
 }
 

@@ -170,3 +170,23 @@ fn a_seat_is_predicted_free_at_its_requests_end_until_it_is_freed() {
     c.ends.remaining(10_500, &mut ends);
     assert!(ends.is_empty(), "{ends:?}");
 }
+
+/// A running answer's pace is read from its chunks once enough have streamed, and forgotten
+/// with its seat; a request not predicted (not completion mode) publishes nothing.
+#[test]
+fn a_running_answer_shows_its_pace_until_its_seat_is_freed() {
+    let n = node(4, 0, &["m"]);
+    let c = n.counters("m");
+    let mut a = take_now(0, &n, &c).unwrap();
+    let plain = take_now(0, &n, &c).unwrap();
+    a.expect_end(20_000);
+    a.streamed(1, 10_000);
+    a.streamed(10, 10_090);
+    assert_eq!(c.ends.live(), None, "9 tokens: too few to tell");
+    a.streamed(41, 10_400);
+    plain.streamed(100, 10_400);
+    let live = c.ends.live().expect("40 tokens in 0.4 s");
+    assert_eq!((live.secs, live.tokens, live.streams), (0.4, 40.0, 1));
+    drop(a);
+    assert_eq!(c.ends.live(), None);
+}

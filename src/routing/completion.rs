@@ -10,11 +10,13 @@
 //!                                            at a time (`Rates::prefill_shared`)
 //! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits)
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
-//! decode  = output_tokens x spt(c)           spt(c) = spt1 + per_stream x (c - 1)
+//! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c = min(node in flight + 1, seats)
 //!                                            per_stream: learned, else the model's pairs' mean
 //!                                            relative cost x spt1, else
 //!                                            completion_contention_prior x spt1
+//!                                            pace: the running answers' seconds per token
+//!                                            over spt at the node's decoding streams, >= 1
 //! seat    = 0 when ahead = 0; else when the seats of the requests running free (their own
 //!           predicted ends, `seat_ends`), each request waiting before this one taking the
 //!           first free seat for `service`; ahead / seats x service while a running request has
@@ -53,7 +55,7 @@
 use serde::Serialize;
 
 use super::policy::Policy;
-use super::types::{ModelLoad, ModelView, NodeView, PrefillLoad, Rates, RouteRequest};
+use super::types::{LiveDecode, ModelLoad, ModelView, NodeView, PrefillLoad, Rates, RouteRequest};
 
 /// The predicted finish of one pair and the rates it came from (the explain row).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -76,6 +78,9 @@ pub struct Prediction {
     /// unless it was learned to prefill one prompt at a time).
     pub prefill_queue_tokens: u64,
     pub output_tokens: f64,
+    /// How many times slower than the rates say the answers running on the pair stream now
+    /// (1: as the rates say, or none to tell; `pace`); `decode_tps` includes it.
+    pub pace: f64,
     /// Rates used: prompt tokens/s, output tokens/s at `concurrency`, seat time per request.
     pub prefill_tps: f64,
     pub decode_tps: f64,
@@ -109,6 +114,8 @@ pub(super) struct Input<'a> {
     /// Seconds until each request running on the pair is predicted to end (any order; 0 for
     /// one past its predicted end); empty when none is known.
     pub seat_ends: &'a [f64],
+    /// How fast the answers running on the pair stream now (see `pace`).
+    pub live: Option<LiveDecode>,
 }
 
 const MIN_SPT: f64 = 1e-4;
@@ -363,7 +370,9 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .filter(|b| b.is_finite())
         .map_or(0.0, |b| b.max(0.0));
     let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
-    let spt = spt1 + per_stream * f64::from(concurrency - 1);
+    let pace = pace(x.live, spt1, per_stream);
+    let per_stream = per_stream * pace;
+    let spt = spt1 * pace + per_stream * f64::from(concurrency - 1);
     // A floor (prompts of one length only: overhead taken as rate) is raised to the model's
     // typical measured rate, with its overhead, until prompts of other lengths measure the
     // pair: one short prompt's TTFT must not make a node look too slow for long ones.
@@ -471,6 +480,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         },
         ahead,
         concurrency,
+        pace,
         cached_tokens: cached,
         prefill_queue_tokens: prefill_queue_tokens.round() as u64,
         output_tokens,
@@ -480,6 +490,25 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         observed: r.observed,
         explored,
         from_priors: r.observed == 0 && !optimistic && typical.is_none(),
+    }
+}
+
+/// How many times slower than `spt1` + `per_stream` at the node's decoding streams the answers
+/// running on the pair stream now: their seconds over their tokens past the first chunk. At
+/// least 1: a node that slowed down (heat, another user, a run-time slowdown) shows it in its
+/// running answers long before one of them ends and teaches the rates; until then every
+/// request sent there would be priced at the old speed. A node running faster than its rates
+/// is left to them (each response teaches it at its end).
+fn pace(live: Option<LiveDecode>, spt1: f64, per_stream: f64) -> f64 {
+    let Some(l) = live.filter(|l| l.tokens > 0.0 && l.secs.is_finite()) else {
+        return 1.0;
+    };
+    let expected = spt1 + per_stream * f64::from(l.node_decoding.max(1) - 1);
+    let seen = l.secs / l.tokens;
+    if expected > 0.0 && seen > expected {
+        seen / expected
+    } else {
+        1.0
     }
 }
 
@@ -574,6 +603,7 @@ mod tests {
             needed_tokens: 2_000,
             now_ms: 1_000_000,
             seat_ends: &[],
+            live: None,
         }
     }
 

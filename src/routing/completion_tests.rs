@@ -254,6 +254,38 @@ fn a_deeper_queue_is_never_predicted_sooner() {
 /// request waiting there already takes that seat, so the next free one counts. Without the
 /// ends (requests sent before anything predicted them) both wait `ahead / seats x service`.
 #[test]
+fn a_node_whose_running_answers_stream_slower_than_its_rates_is_priced_at_that_pace() {
+    let f = fleet(vec![
+        node("slowed", vec![loaded("m", 4.0)]),
+        node("steady", vec![loaded("m", 4.0)]),
+    ]);
+    // Both learned at 100 tok/s alone; one stream running on each.
+    let r = req(&["m"], 1_000);
+    let loads = TableLoads::default()
+        .rated(0, "m", seen(100.0))
+        .rated(1, "m", seen(100.0))
+        .with(0, "m", queue(1, 0))
+        .with(1, "m", queue(1, 0));
+    // `slowed`'s answer has streamed 40 tokens in 2 s (20 tok/s): five times its rate.
+    let d = at(
+        &r,
+        &f,
+        &loads
+            .clone()
+            .streaming(0, "m", 2.0, 40.0, 1)
+            .streaming(1, "m", 0.4, 40.0, 1),
+    );
+    let (a, b) = (predicted(&d, 0), predicted(&d, 1));
+    assert_near(a.pace, 5.0, &a);
+    assert_near(b.pace, 1.0, &b);
+    assert_near(a.decode_s, 200.0 * 0.05, &a);
+    assert_eq!(d.winner().unwrap().node_id, "steady");
+    // Faster than its rates: left to the rates (the response teaches it at its end).
+    let d = at(&r, &f, &loads.streaming(0, "m", 0.2, 40.0, 1));
+    assert_near(predicted(&d, 0).pace, 1.0, &predicted(&d, 0));
+}
+
+#[test]
 fn a_full_node_whose_seats_free_first_wins() {
     let mut f = fleet(vec![
         node("long", vec![loaded("m", 4.0)]),

@@ -221,6 +221,7 @@ fn decide_once(
                                 needed_tokens: needed,
                                 now_ms,
                                 seat_ends: &ends,
+                                live: live_decode(loads, idx, name, &load),
                             };
                             let prediction = completion::predict(policy, &input, 0);
                             let total = finite(-(prediction.total_s + prediction.imposed_s));
@@ -392,6 +393,18 @@ fn seat_ends(
     }
 }
 
+/// How fast the answers running on node:model stream now (none running: `None`).
+fn live_decode(
+    loads: &dyn Loads,
+    idx: usize,
+    name: &str,
+    load: &super::types::ModelLoad,
+) -> Option<super::types::LiveDecode> {
+    (load.in_flight > 0)
+        .then(|| loads.live_decode(idx, name))
+        .flatten()
+}
+
 fn finite(total: f64) -> f64 {
     if total.is_nan() {
         f64::NEG_INFINITY
@@ -461,6 +474,7 @@ fn add_cached_prefix(
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
             seat_ends: &ends,
+            live: live_decode(post.loads, idx, name, &load),
         };
         let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);
         let total = finite(-(prediction.total_s + prediction.imposed_s));

@@ -1,8 +1,8 @@
 //! Test fixtures: node and model builders and a plain `Loads` table.
 
 use super::types::{
-    Family, FleetView, Loads, ModelLoad, ModelView, NodeView, PrefillLoad, Rates, Row, Signals,
-    Verdict,
+    Family, FleetView, LiveDecode, Loads, ModelLoad, ModelView, NodeView, PrefillLoad, Rates, Row,
+    Signals, Verdict,
 };
 
 /// Loads by node index; model loads by (node, model name).
@@ -17,6 +17,8 @@ pub struct TableLoads {
     pub reading: Vec<(usize, String)>,
     /// Seconds until each running request ends, by (node, model).
     pub ends: Vec<(usize, String, Vec<f64>)>,
+    /// What the running answers have streamed, by (node, model).
+    pub live: Vec<(usize, String, LiveDecode)>,
 }
 
 impl TableLoads {
@@ -40,6 +42,26 @@ impl TableLoads {
     /// The requests running on node `idx`'s `model` end in `ends` seconds.
     pub fn ending(mut self, idx: usize, model: &str, ends: &[f64]) -> Self {
         self.ends.push((idx, model.to_string(), ends.to_vec()));
+        self
+    }
+
+    /// The answers running on node `idx`'s `model` streamed `tokens` in `secs`, `decoding`
+    /// streams on the node.
+    pub fn streaming(
+        mut self,
+        idx: usize,
+        model: &str,
+        secs: f64,
+        tokens: f64,
+        decoding: u32,
+    ) -> Self {
+        let live = LiveDecode {
+            secs,
+            tokens,
+            streams: 1,
+            node_decoding: decoding,
+        };
+        self.live.push((idx, model.to_string(), live));
         self
     }
 
@@ -82,6 +104,12 @@ impl Loads for TableLoads {
         {
             out.extend(e);
         }
+    }
+    fn live_decode(&self, node: usize, model: &str) -> Option<LiveDecode> {
+        self.live
+            .iter()
+            .find(|(n, m, _)| *n == node && m == model)
+            .map(|(_, _, l)| *l)
     }
 }
 

@@ -206,6 +206,17 @@ pub struct PrefillLoad {
     pub head_ms: u64,
 }
 
+/// What the answers running on a pair have streamed so far (completion mode): seconds and
+/// tokens after each one's first chunk, summed over `streams` of them, and the streams the
+/// node is decoding now (what they are paying for).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LiveDecode {
+    pub secs: f64,
+    pub tokens: f64,
+    pub streams: u32,
+    pub node_decoding: u32,
+}
+
 /// Live load, read at decision time (atomics in the proxy, plain maps in tests).
 pub trait Loads {
     /// Requests in flight on the node across all its models.
@@ -228,6 +239,12 @@ pub trait Loads {
     /// (completion mode records it when the request is sent; 0 for one past it), pushed to
     /// `out`; none known by default.
     fn seat_ends(&self, _node: usize, _model: &str, _now_ms: u64, _out: &mut Vec<f64>) {}
+
+    /// How fast the answers running on node:model stream now (`None`: none has streamed
+    /// enough to tell, or not known).
+    fn live_decode(&self, _node: usize, _model: &str) -> Option<LiveDecode> {
+        None
+    }
 }
 
 /// What was learned about one node:model pair from its responses (`None`: not observed).
