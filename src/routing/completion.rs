@@ -11,7 +11,10 @@
 //! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits)
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
-//!                                            c = min(node in flight + 1, seats)
+//!                                            c - 1 = the streams beside it on average over
+//!                                            its decode: the pair's running requests until
+//!                                            their predicted ends, the node's other requests
+//!                                            throughout (at most seats - 1 in all)
 //!                                            per_stream: learned, else the model's pairs' mean
 //!                                            relative cost x spt1, else
 //!                                            completion_contention_prior x spt1
@@ -444,22 +447,41 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     };
     let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
     let load_s = load_s(p, x);
-    let total_s = wait_s + load_s + prefill_s + decode_s;
-    let imposed_s = if per_stream > 0.0 && concurrency > 1 {
-        let others = (concurrency - 1) as usize;
-        let start = wait_s + load_s + prefill_s;
-        // The pair's running requests until their ends, the rest (other models' streams, or
-        // those a waiting request would run beside) for all of this decode.
+    let start = wait_s + load_s + prefill_s;
+    let others = (concurrency - 1) as usize;
+    // Stream-seconds decoded beside this one: the pair's running requests until their
+    // predicted ends, the rest (other models' streams, or those a waiting request would run
+    // beside) for all of its decode. One past its predicted end (0) is still running, for
+    // how long nobody knows: all of it too (on a node that slowed down every running request
+    // is late, and counting them as ended made it look free of contention).
+    let beside_s = |decode_s: f64| {
         let mut overlap: f64 = 0.0;
         let mut known = 0;
         if ahead == 0 {
             for e in x.seat_ends.iter().take(others) {
-                overlap += (e - start).clamp(0.0, decode_s);
+                overlap += if *e <= 0.0 {
+                    decode_s
+                } else {
+                    (e - start).clamp(0.0, decode_s)
+                };
                 known += 1;
             }
         }
-        overlap += (others - known) as f64 * decode_s;
-        per_stream / spt * overlap
+        overlap + (others - known) as f64 * decode_s
+    };
+    // Its decode pays for the streams beside it on average, not for every request in flight
+    // now: a long prompt decodes after most of what runs now has ended (and the contention is
+    // learned against the streams that decoded, `queue::decoding`).
+    let mut spt = spt;
+    if per_stream > 0.0 && others > 0 && decode_s > 0.0 {
+        let beside = beside_s(decode_s) / decode_s;
+        let spt_beside = spt1 * pace + per_stream * beside;
+        decode_s *= spt_beside / spt;
+        spt = spt_beside;
+    }
+    let total_s = wait_s + load_s + prefill_s + decode_s;
+    let imposed_s = if per_stream > 0.0 && others > 0 {
+        per_stream / spt * beside_s(decode_s)
     } else {
         0.0
     };

@@ -729,11 +729,20 @@ fn the_slowdown_a_request_imposes_on_running_streams_counts_until_they_end() {
     assert_eq!(w.node_id, "slower-idle", "{d:?}");
     // The reported finish is the request's own.
     assert_near(w.predicted_s.unwrap(), 1_000.0 / 1_400.0 + 200.0 / 70.0, &p);
-    // The three end in 0.1 s, before this one's first token: nothing imposed.
-    let ending = loads.ending(0, "m", &[0.1, 0.1, 0.1]);
+    // The three end in 0.1 s, before this one's first token: nothing imposed, and its own
+    // decode runs alone (200 x 0.01 s), not at the four streams in flight now.
+    let ending = loads.clone().ending(0, "m", &[0.1, 0.1, 0.1]);
     let d = at(&r, &f, &ending);
-    assert_near(predicted(&d, 0).imposed_s, 0.0, &predicted(&d, 0));
+    let p = predicted(&d, 0);
+    assert_near(p.imposed_s, 0.0, &p);
+    assert_near(p.decode_s, 2.0, &p);
     assert_eq!(d.winner().unwrap().node_id, "fast-busy", "{d:?}");
+    // One ends at 1.8 s, 1.3 s into the decode (2.6 s at four streams): half a stream beside
+    // it on average, 200 x 0.0105 s.
+    let one = loads.ending(0, "m", &[0.1, 0.1, 1.8]);
+    let p = predicted(&at(&r, &f, &one), 0);
+    assert_near(p.decode_s, 2.1, &p);
+    assert_near(p.imposed_s, 0.001 / 0.0105 * 1.3, &p);
 }
 
 /// The context bench's first seconds: two nodes alike, each seen twice at one stream, one of
