@@ -28,6 +28,9 @@ pub struct ModelCounters {
     next: AtomicU64,
     /// EWMA of time to first token in ms, as f64 bits (0 = unknown).
     ttft_bits: AtomicU64,
+    /// EWMA of output tokens per streamed chunk (the node's count over the chunks seen), as
+    /// f64 bits (0 = unknown: one each).
+    per_chunk_bits: AtomicU64,
     /// What the backend itself reports running / waiting (vLLM `/metrics`, llama.cpp `/slots`).
     reported_running: AtomicU32,
     reported_waiting: AtomicU32,
@@ -112,13 +115,14 @@ impl SeatEnds {
     }
 
     /// What the running answers have streamed so far, summed over those with at least
-    /// `LIVE_MIN_TOKENS` tokens past their first (`None`: none has).
-    pub fn live(&self) -> Option<LiveDecode> {
+    /// `LIVE_MIN_TOKENS` chunks past their first (`None`: none has); tokens are chunks times
+    /// `per_chunk` (a server that sends several tokens per chunk is not read as slow).
+    pub fn live(&self, per_chunk: f64) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
         for (_, _, p) in self.0.lock().iter() {
-            if let Some((secs, tokens)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
+            if let Some((secs, chunks)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
                 live.secs += secs;
-                live.tokens += f64::from(tokens);
+                live.tokens += f64::from(chunks) * per_chunk;
                 live.streams += 1;
             }
         }
@@ -194,6 +198,23 @@ impl ModelCounters {
     /// Record observed output tokens/s (EWMA, alpha 0.2).
     pub fn observe_tps(&self, tps: f64) {
         ewma(&self.tps_bits, tps);
+    }
+
+    /// A streamed answer of `tokens` (the node's count) came in `chunks` chunks.
+    pub fn observe_chunks(&self, tokens: u32, chunks: u32) {
+        if tokens > 0 && chunks >= 2 {
+            ewma(&self.per_chunk_bits, f64::from(tokens) / f64::from(chunks));
+        }
+    }
+
+    /// Output tokens per streamed chunk (1 until a node's count was seen beside its chunks).
+    pub fn tokens_per_chunk(&self) -> f64 {
+        let v = f64::from_bits(self.per_chunk_bits.load(Ordering::Relaxed));
+        if v > 0.0 {
+            v
+        } else {
+            1.0
+        }
     }
 }
 

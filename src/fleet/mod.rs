@@ -553,7 +553,8 @@ impl Loads for Fleet {
     fn live_decode(&self, node: usize, model: &str) -> Option<LiveDecode> {
         let nodes = self.nodes.load();
         let n = nodes.get(node)?;
-        let live = n.peek(model)?.ends.live()?;
+        let c = n.peek(model)?;
+        let live = c.ends.live(c.tokens_per_chunk())?;
         Some(LiveDecode {
             node_decoding: n.decoding.streams(),
             ..live

@@ -96,6 +96,9 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             .with_label_values(&[labels[0], labels[1], "out"])
             .inc_by(u64::from(tokens));
     }
+    if let (Some(tokens), true) = (observed.completion_tokens, d.stream) {
+        counters.observe_chunks(tokens, observed.chunks);
+    }
     if let Some(tokens) = observed.output_tokens().filter(|t| *t >= 2) {
         let secs = match (observed.eval_duration_ns, first_byte) {
             (Some(ns), _) if ns > 0 => ns as f64 / 1e9,

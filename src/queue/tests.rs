@@ -182,11 +182,15 @@ fn a_running_answer_shows_its_pace_until_its_seat_is_freed() {
     a.expect_end(20_000);
     a.streamed(1, 10_000);
     a.streamed(10, 10_090);
-    assert_eq!(c.ends.live(), None, "9 tokens: too few to tell");
+    assert_eq!(c.ends.live(1.0), None, "9 tokens: too few to tell");
     a.streamed(41, 10_400);
     plain.streamed(100, 10_400);
-    let live = c.ends.live().expect("40 tokens in 0.4 s");
+    let live = c.ends.live(1.0).expect("40 tokens in 0.4 s");
     assert_eq!((live.secs, live.tokens, live.streams), (0.4, 40.0, 1));
+    // A server that sends 3 tokens a chunk (its counts said so at the end of earlier answers).
+    c.observe_chunks(300, 100);
+    assert_eq!(c.tokens_per_chunk(), 3.0);
+    assert_eq!(c.ends.live(c.tokens_per_chunk()).unwrap().tokens, 120.0);
     drop(a);
-    assert_eq!(c.ends.live(), None);
+    assert_eq!(c.ends.live(1.0), None);
 }
