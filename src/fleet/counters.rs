@@ -104,22 +104,15 @@ impl SeatEnds {
         }
     }
 
-    /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`.
-    pub fn remaining(&self, now_ms: u64, out: &mut Vec<f64>) {
-        out.extend(
-            self.0
-                .lock()
-                .iter()
-                .map(|(_, end, _)| end.saturating_sub(now_ms) as f64 / 1000.0),
-        );
-    }
-
-    /// What the running answers have streamed so far, summed over those with at least
-    /// `LIVE_MIN_TOKENS` chunks past their first (`None`: none has); tokens are chunks times
-    /// `per_chunk` (a server that sends several tokens per chunk is not read as slow).
-    pub fn live(&self, per_chunk: f64) -> Option<LiveDecode> {
+    /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`; and what the
+    /// running answers have streamed so far, summed over those with at least
+    /// `LIVE_MIN_TOKENS` chunks past their first (`None`: none has), tokens being chunks
+    /// times `per_chunk` (a server that sends several tokens per chunk is not read as slow).
+    /// One lock for both: routing reads them together for every pair with requests running.
+    pub fn read(&self, now_ms: u64, per_chunk: f64, out: &mut Vec<f64>) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
-        for (_, _, p) in self.0.lock().iter() {
+        for (_, end, p) in self.0.lock().iter() {
+            out.push(end.saturating_sub(now_ms) as f64 / 1000.0);
             if let Some((secs, chunks)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
                 live.secs += secs;
                 live.tokens += f64::from(chunks) * per_chunk;

@@ -544,17 +544,17 @@ impl Loads for Fleet {
             .is_running(&crate::services::prewarm::load_key(node, model))
     }
 
-    fn seat_ends(&self, node: usize, model: &str, now_ms: u64, out: &mut Vec<f64>) {
-        if let Some(c) = self.nodes.load().get(node).and_then(|n| n.peek(model)) {
-            c.ends.remaining(now_ms, out);
-        }
-    }
-
-    fn live_decode(&self, node: usize, model: &str) -> Option<LiveDecode> {
+    fn seat_ends(
+        &self,
+        node: usize,
+        model: &str,
+        now_ms: u64,
+        out: &mut Vec<f64>,
+    ) -> Option<LiveDecode> {
         let nodes = self.nodes.load();
         let n = nodes.get(node)?;
         let c = n.peek(model)?;
-        let live = c.ends.live(c.tokens_per_chunk())?;
+        let live = c.ends.read(now_ms, c.tokens_per_chunk(), out)?;
         Some(LiveDecode {
             node_decoding: n.decoding.streams(),
             ..live

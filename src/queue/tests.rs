@@ -158,16 +158,16 @@ fn a_seat_is_predicted_free_at_its_requests_end_until_it_is_freed() {
     b.expect_end(12_500);
     b.expect_end(11_500);
     let mut ends = Vec::new();
-    c.ends.remaining(10_500, &mut ends);
+    c.ends.read(10_500, 1.0, &mut ends);
     ends.sort_by(f64::total_cmp);
     assert_eq!(ends, vec![0.0, 1.0]);
     drop(a);
     ends.clear();
-    c.ends.remaining(10_500, &mut ends);
+    c.ends.read(10_500, 1.0, &mut ends);
     assert_eq!(ends, vec![1.0]);
     drop(b);
     ends.clear();
-    c.ends.remaining(10_500, &mut ends);
+    c.ends.read(10_500, 1.0, &mut ends);
     assert!(ends.is_empty(), "{ends:?}");
 }
 
@@ -182,15 +182,16 @@ fn a_running_answer_shows_its_pace_until_its_seat_is_freed() {
     a.expect_end(20_000);
     a.streamed(1, 10_000);
     a.streamed(10, 10_090);
-    assert_eq!(c.ends.live(1.0), None, "9 tokens: too few to tell");
+    let live = |per_chunk: f64| c.ends.read(10_400, per_chunk, &mut Vec::new());
+    assert_eq!(live(1.0), None, "9 tokens: too few to tell");
     a.streamed(41, 10_400);
     plain.streamed(100, 10_400);
-    let live = c.ends.live(1.0).expect("40 tokens in 0.4 s");
-    assert_eq!((live.secs, live.tokens, live.streams), (0.4, 40.0, 1));
+    let seen = live(1.0).expect("40 tokens in 0.4 s");
+    assert_eq!((seen.secs, seen.tokens, seen.streams), (0.4, 40.0, 1));
     // A server that sends 3 tokens a chunk (its counts said so at the end of earlier answers).
     c.observe_chunks(300, 100);
     assert_eq!(c.tokens_per_chunk(), 3.0);
-    assert_eq!(c.ends.live(c.tokens_per_chunk()).unwrap().tokens, 120.0);
+    assert_eq!(live(c.tokens_per_chunk()).unwrap().tokens, 120.0);
     drop(a);
-    assert_eq!(c.ends.live(1.0), None);
+    assert_eq!(live(1.0), None);
 }

@@ -375,7 +375,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
     let pace = pace(x.live, spt1, per_stream);
     let per_stream = per_stream * pace;
-    let spt = spt1 * pace + per_stream * f64::from(concurrency - 1);
+    let mut spt = spt1 * pace + per_stream * f64::from(concurrency - 1);
     // A floor (prompts of one length only: overhead taken as rate) is raised to the model's
     // typical measured rate, with its overhead, until prompts of other lengths measure the
     // pair: one short prompt's TTFT must not make a node look too slow for long ones.
@@ -472,7 +472,6 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // Its decode pays for the streams beside it on average, not for every request in flight
     // now: a long prompt decodes after most of what runs now has ended (and the contention is
     // learned against the streams that decoded, `queue::decoding`).
-    let mut spt = spt;
     if per_stream > 0.0 && others > 0 && decode_s > 0.0 {
         let beside = beside_s(decode_s) / decode_s;
         let spt_beside = spt1 * pace + per_stream * beside;

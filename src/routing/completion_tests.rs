@@ -249,10 +249,9 @@ fn a_deeper_queue_is_never_predicted_sooner() {
     }
 }
 
-/// Both nodes are full and alike in every rate: the one whose running requests end first (a
-/// short prompt's, not two long ones') is where a seat frees first, and the wait says so; a
-/// request waiting there already takes that seat, so the next free one counts. Without the
-/// ends (requests sent before anything predicted them) both wait `ahead / seats x service`.
+/// A node that slowed down: its running answer streams five times slower than the rates it
+/// was learned at, so the next request is priced at that pace and goes to its twin; a node
+/// streaming faster than its rates keeps them.
 #[test]
 fn a_node_whose_running_answers_stream_slower_than_its_rates_is_priced_at_that_pace() {
     let f = fleet(vec![
@@ -285,6 +284,10 @@ fn a_node_whose_running_answers_stream_slower_than_its_rates_is_priced_at_that_p
     assert_near(predicted(&d, 0).pace, 1.0, &predicted(&d, 0));
 }
 
+/// Both nodes are full and alike in every rate: the one whose running requests end first (a
+/// short prompt's, not two long ones') is where a seat frees first, and the wait says so; a
+/// request waiting there already takes that seat, so the next free one counts. Without the
+/// ends (requests sent before anything predicted them) both wait `ahead / seats x service`.
 #[test]
 fn a_full_node_whose_seats_free_first_wins() {
     let mut f = fleet(vec![

@@ -203,7 +203,7 @@ fn decide_once(
                         }
                         Mode::Completion => {
                             let own = rates[idx * n_models + pos];
-                            seat_ends(loads, idx, name, &load, now_ms, &mut ends);
+                            let live = seat_ends(loads, idx, name, &load, now_ms, &mut ends);
                             let input = Input {
                                 req,
                                 node,
@@ -221,7 +221,7 @@ fn decide_once(
                                 needed_tokens: needed,
                                 now_ms,
                                 seat_ends: &ends,
-                                live: live_decode(loads, idx, name, &load),
+                                live,
                             };
                             let prediction = completion::predict(policy, &input, 0);
                             let total = finite(-(prediction.total_s + prediction.imposed_s));
@@ -377,8 +377,9 @@ fn take_turns(seq: u64, n_models: usize, cands: &mut [Cand]) {
     }
 }
 
-/// Refill `out` with the predicted ends of the requests running on node:model: when a request
-/// would wait for a seat, and for how long it would slow those streams (none running: empty).
+/// Refill `out` with the predicted ends of the requests running on node:model (when a request
+/// would wait for a seat, and for how long it would slow those streams) and return how fast
+/// their answers stream now; none running: empty, `None`.
 fn seat_ends(
     loads: &dyn Loads,
     idx: usize,
@@ -386,23 +387,13 @@ fn seat_ends(
     load: &super::types::ModelLoad,
     now_ms: u64,
     out: &mut Vec<f64>,
-) {
+) -> Option<super::types::LiveDecode> {
     out.clear();
     if load.in_flight > 0 {
-        loads.seat_ends(idx, name, now_ms, out);
+        loads.seat_ends(idx, name, now_ms, out)
+    } else {
+        None
     }
-}
-
-/// How fast the answers running on node:model stream now (none running: `None`).
-fn live_decode(
-    loads: &dyn Loads,
-    idx: usize,
-    name: &str,
-    load: &super::types::ModelLoad,
-) -> Option<super::types::LiveDecode> {
-    (load.in_flight > 0)
-        .then(|| loads.live_decode(idx, name))
-        .flatten()
 }
 
 fn finite(total: f64) -> f64 {
@@ -460,7 +451,7 @@ fn add_cached_prefix(
         };
         let load = post.loads.model(idx, name);
         let mut ends = Vec::new();
-        seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
+        let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
         let input = Input {
             req,
             node,
@@ -474,7 +465,7 @@ fn add_cached_prefix(
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
             seat_ends: &ends,
-            live: live_decode(post.loads, idx, name, &load),
+            live,
         };
         let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);
         let total = finite(-(prediction.total_s + prediction.imposed_s));

@@ -96,7 +96,13 @@ impl Loads for TableLoads {
     fn loading(&self, node: usize, model: &str) -> bool {
         self.reading.iter().any(|(n, m)| *n == node && m == model)
     }
-    fn seat_ends(&self, node: usize, model: &str, _now_ms: u64, out: &mut Vec<f64>) {
+    fn seat_ends(
+        &self,
+        node: usize,
+        model: &str,
+        _now_ms: u64,
+        out: &mut Vec<f64>,
+    ) -> Option<LiveDecode> {
         for (_, _, e) in self
             .ends
             .iter()
@@ -104,8 +110,6 @@ impl Loads for TableLoads {
         {
             out.extend(e);
         }
-    }
-    fn live_decode(&self, node: usize, model: &str) -> Option<LiveDecode> {
         self.live
             .iter()
             .find(|(n, m, _)| *n == node && m == model)

@@ -237,12 +237,15 @@ pub trait Loads {
     }
     /// Seconds from `now_ms` until each request running on node:model is predicted to end
     /// (completion mode records it when the request is sent; 0 for one past it), pushed to
-    /// `out`; none known by default.
-    fn seat_ends(&self, _node: usize, _model: &str, _now_ms: u64, _out: &mut Vec<f64>) {}
-
-    /// How fast the answers running on node:model stream now (`None`: none has streamed
-    /// enough to tell, or not known).
-    fn live_decode(&self, _node: usize, _model: &str) -> Option<LiveDecode> {
+    /// `out`; returns how fast their answers stream now (`None`: none has streamed enough to
+    /// tell). Nothing known by default.
+    fn seat_ends(
+        &self,
+        _node: usize,
+        _model: &str,
+        _now_ms: u64,
+        _out: &mut Vec<f64>,
+    ) -> Option<LiveDecode> {
         None
     }
 }
