@@ -447,6 +447,51 @@ fn a_node_fast_on_another_model_is_tried_first() {
     assert_near(prediction.decode_tps, 100.0 / 1.03, &prediction);
 }
 
+/// Right after a start nothing has ended anywhere, but a node's running answers already show
+/// how fast it streams: a pair it has not served is expected at least that fast, so the
+/// workstation streaming at 400 tokens/s takes the next small request, not a laptop priced at
+/// the same priors and free of contention (the home-lab bench's first small requests went to
+/// laptops at 100 tokens/s).
+#[test]
+fn a_node_streaming_fast_before_any_response_ends_is_tried_first() {
+    let f = fleet_of_4_seats(vec![
+        node("laptop", vec![loaded("small", 2.0)]),
+        node("ws", vec![loaded("small", 2.0), loaded("big", 40.0)]),
+    ]);
+    let r = req(&["small"], 500);
+    let running = TableLoads::default().with(1, "big", queue(1, 0));
+    // Nothing streamed enough to tell: both are priors, and the laptop is free.
+    assert_eq!(at(&r, &f, &running).winner().unwrap().node_id, "laptop");
+    // The big model's answer has streamed 40 tokens in 0.1 s on the workstation.
+    let d = at(&r, &f, &running.streaming(1, "big", 0.1, 40.0, 1));
+    assert_eq!(d.winner().unwrap().node_id, "ws", "{:#?}", d.table);
+    let prediction = predicted(&d, 1);
+    assert_near(prediction.decode_tps, 400.0 / 1.03, &prediction);
+}
+
+/// The owner of a conversation's prefix is predicted a second time with the prefix cached;
+/// that pass keeps what the node has shown on its other models. It priced an untried model on
+/// its owner at priors (the home-lab workstation's first mid request at 11 tokens/s where the
+/// node streams 400).
+#[test]
+fn the_prefix_owner_keeps_what_its_node_has_shown_on_other_models() {
+    let f = fleet_of_4_seats(vec![node(
+        "ws",
+        vec![loaded("small", 2.0), loaded("mid", 9.0)],
+    )]);
+    let loads = TableLoads::default().rated(0, "small", seen(400.0));
+    let r = RouteRequest {
+        affinity_key: Some(7),
+        cached_prefix_tokens: 100,
+        ..req(&["mid"], 500)
+    };
+    let d = at(&r, &f, &loads);
+    let prediction = predicted(&d, 0);
+    assert_eq!(prediction.cached_tokens, 100);
+    assert_near(prediction.decode_tps, 400.0, &prediction);
+    assert_near(prediction.prefill_tps, 8_000.0, &prediction);
+}
+
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
 /// fixed overhead): it is predicted with its peers' typical rate, not the far lower prior
 /// (20 x its decode rate). With the prior, the context bench's 8k-window node was predicted

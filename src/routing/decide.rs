@@ -214,7 +214,8 @@ fn decide_once(
                                 rates: own,
                                 peer: peers[pos],
                                 node_best: if own.observed == 0 {
-                                    *shown.get_or_insert_with(|| node_best(node, idx, loads))
+                                    *shown
+                                        .get_or_insert_with(|| node_best(node, idx, loads, now_ms))
                                 } else {
                                     None
                                 },
@@ -450,6 +451,11 @@ fn add_cached_prefix(
             continue;
         };
         let load = post.loads.model(idx, name);
+        let rates = post.rates[idx * n_models + pos];
+        // As the first pass predicted it, the node's best for a pair it has not served
+        // included: without it the owner of an untried model was priced at priors here.
+        let node_best =
+            (rates.observed == 0).then(|| node_best(node, idx, post.loads, post.now_ms));
         let mut ends = Vec::new();
         let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
         let input = Input {
@@ -459,9 +465,9 @@ fn add_cached_prefix(
             load,
             node_in_flight: post.loads.node_in_flight(idx),
             node_prefilling: post.loads.node_prefilling(idx),
-            rates: post.rates[idx * n_models + pos],
+            rates,
             peer: post.peers[pos],
-            node_best: None,
+            node_best: node_best.flatten(),
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
             seat_ends: &ends,
@@ -503,18 +509,35 @@ fn add_session_affinity(
 }
 
 /// The fastest prefill and decode node `idx` has shown on any of its models (only those two
-/// rates set; None when it has served none): how a pair it has not served yet is at least
-/// expected to do.
-fn node_best(node: &super::types::NodeView, idx: usize, loads: &dyn Loads) -> Option<Rates> {
+/// rates set; None when it has shown nothing): how a pair it has not served yet is at least
+/// expected to do. Shown: the rates of the responses it has answered, and the pace of the
+/// answers it is streaming now (seconds over tokens past their first, beside the streams
+/// decoding with them). Right after a start no response has ended anywhere and every pair is
+/// priced at priors that can be tens of times off: the home-lab bench's workstation, streaming
+/// at 400 tokens/s, lost its first small requests to laptops at 100 because both were
+/// priors.
+fn node_best(
+    node: &super::types::NodeView,
+    idx: usize,
+    loads: &dyn Loads,
+    now_ms: u64,
+) -> Option<Rates> {
     let mut best: Option<Rates> = None;
+    let mut ends = Vec::new();
     for m in &node.models {
         let r = loads.rates(idx, &m.name);
-        if r.observed == 0 {
-            continue;
+        if r.observed > 0 {
+            let b = best.get_or_insert(Rates::default());
+            b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
+            b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
         }
-        let b = best.get_or_insert(Rates::default());
-        b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
-        b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
+        let load = loads.model(idx, &m.name);
+        let live = seat_ends(loads, idx, &m.name, &load, now_ms, &mut ends)
+            .filter(|l| l.tokens > 0.0 && l.secs > 0.0);
+        if let Some(l) = live {
+            let b = best.get_or_insert(Rates::default());
+            b.decode_spt = completion::better(b.decode_spt, Some(l.secs / l.tokens), f64::min);
+        }
     }
     best
 }
