@@ -112,7 +112,9 @@ impl SeatEnds {
     pub fn read(&self, now_ms: u64, per_chunk: f64, out: &mut Vec<f64>) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
         for (_, end, p) in self.0.lock().iter() {
-            out.push(end.saturating_sub(now_ms) as f64 / 1000.0);
+            if *end != END_UNKNOWN {
+                out.push(end.saturating_sub(now_ms) as f64 / 1000.0);
+            }
             if let Some((secs, chunks)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
                 live.secs += secs;
                 live.tokens += f64::from(chunks) * per_chunk;
@@ -122,6 +124,10 @@ impl SeatEnds {
         (live.streams > 0).then_some(live)
     }
 }
+
+/// The end of a request predicted from priors only (they can be tens of times off): its seat
+/// is not counted free at any time, but its answer's pace is read like any other.
+pub const END_UNKNOWN: u64 = u64::MAX;
 
 /// A running answer's pace is read once this many tokens have streamed after its first (fewer
 /// arrive in bursts a network or a batching server makes).

@@ -119,10 +119,15 @@ impl Dispatch {
         st.prefill_ahead_s = None;
         st.decode_streams = None;
         let now_ms = crate::services::now_ms();
-        if let (Some(lease), Some(run_s)) =
-            (st.lease.as_mut(), self.ranked[st.current].predicted_run_s)
-        {
-            lease.expect_end(now_ms.saturating_add((run_s.max(0.0) * 1000.0) as u64));
+        let choice = &self.ranked[st.current];
+        if let Some(lease) = st.lease.as_mut() {
+            match (choice.predicted_run_s, choice.predicted_s) {
+                (Some(run_s), _) => {
+                    lease.expect_end(now_ms.saturating_add((run_s.max(0.0) * 1000.0) as u64))
+                }
+                (None, Some(_)) => lease.expect_unknown_end(),
+                (None, None) => {}
+            }
         }
         // Only a stream's first byte says when its prefill ended (a whole reply comes at the
         // end): a request that is not streamed is not counted in the queue.

@@ -107,6 +107,15 @@ impl Lease {
         self.end = Some((id, progress));
     }
 
+    /// The request was predicted from priors only (completion mode, at its send): no end is
+    /// recorded for its seat, but its answer's pace is published like one with an end — right
+    /// after a start those answers are all there is to tell how fast a node streams.
+    pub fn expect_unknown_end(&mut self) {
+        if self.end.is_none() {
+            self.expect_end(crate::fleet::END_UNKNOWN);
+        }
+    }
+
     /// The answer's `chunks`-th chunk streamed (completion mode reads its pace,
     /// `fleet::Progress`).
     pub fn streamed(&self, chunks: u32, now_ms: u64) {

@@ -195,3 +195,28 @@ fn a_running_answer_shows_its_pace_until_its_seat_is_freed() {
     drop(a);
     assert_eq!(live(1.0), None);
 }
+
+/// A request predicted from priors only has no end to count its seat free at, but its answer's
+/// pace is read all the same: right after a start such answers are all there is to show how
+/// fast a node streams (before, nothing of it was published).
+#[test]
+fn an_answer_with_no_predicted_end_shows_its_pace_and_no_seat_end() {
+    let n = node(4, 0, &["m"]);
+    let c = n.counters("m");
+    let mut a = take_now(0, &n, &c).unwrap();
+    a.expect_unknown_end();
+    a.streamed(1, 10_000);
+    a.streamed(41, 10_100);
+    let mut ends = Vec::new();
+    let seen = c
+        .ends
+        .read(10_100, 1.0, &mut ends)
+        .expect("40 tokens in 0.1 s");
+    assert_eq!((seen.secs, seen.tokens), (0.1, 40.0));
+    assert!(ends.is_empty(), "no seat end from priors: {ends:?}");
+    // Predicted later (a retry re-sent with rates): the end counts.
+    a.expect_end(12_000);
+    ends.clear();
+    c.ends.read(10_100, 1.0, &mut ends);
+    assert_eq!(ends, [1.9]);
+}
