@@ -1,7 +1,8 @@
 //! The common path end to end: upstream connections are reused (a few for hundreds of
 //! requests), a node that starts with an empty model list is served without a 404, and a
 //! batching server that reports no seat count gets more than one seat. The node is a small raw HTTP/1.1 server on 127.0.0.1 that counts the
-//! connections it accepts.
+//! connections that carry chat requests (the gateway's health polls have their own, which
+//! a slow run sees re-opened when the node's keep-alive timeout passes).
 
 mod common;
 
@@ -18,6 +19,7 @@ const MODEL: &str = "hot:1b";
 /// Switches of the raw node.
 #[derive(Default)]
 struct NodeCtl {
+    /// Connections that carried at least one chat request.
     accepts: AtomicU64,
     /// `/v1/models` answers an empty list this many more times.
     empty_polls: AtomicUsize,
@@ -92,6 +94,7 @@ async fn serve_conn(s: tokio::net::TcpStream, ctl: Arc<NodeCtl>) {
     let (r, mut w) = s.into_split();
     let mut r = BufReader::new(r);
     let mut streamed = false;
+    let mut counted = false;
     while let Some(req) = read_req(&mut r).await {
         if req.path == "/v1/models" {
             let left = ctl.empty_polls.load(Ordering::SeqCst);
@@ -113,6 +116,10 @@ async fn serve_conn(s: tokio::net::TcpStream, ctl: Arc<NodeCtl>) {
         }
         if streamed && ctl.close_after_stream.load(Ordering::SeqCst) {
             return; // read the request, answer nothing, close
+        }
+        if !counted {
+            ctl.accepts.fetch_add(1, Ordering::SeqCst);
+            counted = true;
         }
         ctl.chats.fetch_add(1, Ordering::SeqCst);
         let now = ctl.running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -156,7 +163,6 @@ fn start_node(rt: &Runtime, ctl: Arc<NodeCtl>) -> String {
     rt.spawn(async move {
         let l = TcpListener::from_std(l).unwrap();
         while let Ok((s, _)) = l.accept().await {
-            ctl.accepts.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(serve_conn(s, ctl.clone()));
         }
     });
