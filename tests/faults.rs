@@ -272,7 +272,9 @@ fn a_node_that_goes_offline_releases_its_requests() {
     // No first-byte limit (no history): only the node going offline frees the requests.
     let (bad, good, gw) = pair(
         &rt,
-        "health:\n  poll_interval_ms: 100\n  poll_timeout_ms: 200\n  failures_before_offline: 1\n",
+        // A poll timeout well above what a busy CI machine takes to answer one: a slow poll
+        // must not take the node offline before the stream below has started.
+        "health:\n  poll_interval_ms: 100\n  poll_timeout_ms: 1000\n  failures_before_offline: 1\n",
     );
     rt.block_on(async {
         // A stream in progress on the node, parked after its first chunk.
@@ -282,6 +284,11 @@ fn a_node_that_goes_offline_releases_its_requests() {
             .send()
             .await
             .unwrap();
+        assert_eq!(
+            stream.status(),
+            200,
+            "the pinned stream started on the bad node"
+        );
         bad.control().wait_parked(1).await;
         // Then the node hangs: a request sent now receives nothing.
         bad.control().set_fault(Fault::Hang);

@@ -614,4 +614,41 @@ mod tests {
         drop(seat);
         assert!(fleet.claim_unload(0, "busy", 2_002), "idle again");
     }
+
+    /// A learning node's heartbeats and the view being published at once finish: the
+    /// heartbeat took the learner, then the node's live state, while the publish holds the
+    /// live state and takes the learner (it deadlocked within 3,000 rounds each, every run).
+    #[test]
+    fn heartbeats_and_publishes_at_once_do_not_deadlock() {
+        let yaml = "fleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n      learning: true\n";
+        let fleet = Fleet::new(Arc::new(crate::config::Config::from_yaml(yaml).unwrap()));
+        let hb: Heartbeat = serde_json::from_value(serde_json::json!({
+            "node_id": "a", "backend_url": "http://127.0.0.1:9",
+            "free_memory_gb": 20.0, "total_memory_gb": 64.0
+        }))
+        .unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        let beats = {
+            let (fleet, done) = (fleet.clone(), done.clone());
+            std::thread::spawn(move || {
+                for i in 0..3_000 {
+                    fleet.apply_heartbeat(0, hb.clone(), 1_000 + i);
+                }
+                let _ = done.send(());
+            })
+        };
+        let views = std::thread::spawn(move || {
+            for _ in 0..3_000 {
+                fleet.publish();
+            }
+            let _ = done.send(());
+        });
+        for _ in 0..2 {
+            finished
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("heartbeats and publishes deadlocked");
+        }
+        beats.join().unwrap();
+        views.join().unwrap();
+    }
 }

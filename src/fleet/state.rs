@@ -80,8 +80,12 @@ impl Fleet {
     pub fn apply_heartbeat(&self, idx: usize, hb: Heartbeat, now: u64) {
         let node = self.node(idx);
         let miss_ms = self.config().health.heartbeat_miss.as_millis() as u64;
-        if let Some(learner) = node.learner.lock().as_mut() {
-            if let Some(sample) = learning_sample(&hb, &node.live.lock()) {
+        // `live` is read and let go before `learner` is taken: the view (`node_view`) holds
+        // `live` while it takes `learner`, so holding them the other way round here could
+        // deadlock a learning node's heartbeat against a publish.
+        let sample = learning_sample(&hb, &node.live.lock());
+        if let Some(sample) = sample {
+            if let Some(learner) = node.learner.lock().as_mut() {
                 learner.observe(now, sample);
             }
         }

@@ -83,6 +83,9 @@ pub(crate) enum Gate {
 #[derive(Debug)]
 pub(crate) struct Killed;
 
+/// How long the tests' waits on the sim ([`SimControl::wait_parked`]) wait before failing.
+pub const TEST_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Control handle of one node; all methods take `&self` and are thread-safe.
 pub struct SimControl {
     pub(crate) spec: SimSpec,
@@ -237,17 +240,34 @@ impl SimControl {
     }
 
     /// Resolves once at least `n` requests are parked at a gate.
+    ///
+    /// # Panics
+    /// After [`TEST_WAIT`] with fewer parked: this is for tests, and a request that never
+    /// arrives (refused, sent elsewhere) must fail the test by name, not hang it.
     pub async fn wait_parked(&self, n: usize) {
         let mut rx = self.parked.subscribe();
-        let _ = rx.wait_for(|c| *c >= n).await;
+        let waited = tokio::time::timeout(TEST_WAIT, rx.wait_for(|c| *c >= n)).await;
+        assert!(
+            waited.is_ok(),
+            "sim: {} of {n} requests parked after {TEST_WAIT:?}",
+            *self.parked.borrow()
+        );
     }
 
     /// Extension: resolves once at least `n` requests have been received in total.
     /// On a current-thread runtime the counted requests have also reached their first wait
     /// (e.g. the backlog) by then; on a multi-thread runtime they may still be a step behind.
+    ///
+    /// # Panics
+    /// After [`TEST_WAIT`] with fewer received (as [`SimControl::wait_parked`]).
     pub async fn wait_requests(&self, n: u64) {
         let mut rx = self.requests.subscribe();
-        let _ = rx.wait_for(|c| *c >= n).await;
+        let waited = tokio::time::timeout(TEST_WAIT, rx.wait_for(|c| *c >= n)).await;
+        assert!(
+            waited.is_ok(),
+            "sim: {} of {n} requests received after {TEST_WAIT:?}",
+            *self.requests.borrow()
+        );
     }
 
     /// Load a model now (as `ollama run` would), evicting LRU models if memory is short.
