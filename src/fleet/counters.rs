@@ -42,6 +42,8 @@ pub struct ModelCounters {
     pub rates: Mutex<super::PairRates>,
     /// When the requests holding its seats are predicted to end (completion mode).
     pub ends: SeatEnds,
+    /// When the first request of the cold load now in progress was sent, ms (0: none known).
+    load_since_ms: AtomicU64,
 }
 
 /// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
@@ -149,7 +151,36 @@ impl ModelCounters {
                 .max(self.reported_waiting.load(Ordering::Relaxed)),
             p75_ms: (p75 > 0.0).then_some(p75),
             observed_tps: (tps > 0.0).then_some(tps),
+            loading_since_ms: match self.load_since_ms.load(Ordering::Relaxed) {
+                0 => None,
+                t => Some(t),
+            },
         }
+    }
+
+    /// A request that needs the model loaded is sent at `now_ms`: the first one sent while
+    /// no other request holds the pair starts a load (the later ones wait for it). Returns
+    /// how long that load has been under way, seconds (0 for the one that starts it).
+    pub fn load_sent(&self, now_ms: u64) -> f64 {
+        let now = now_ms.max(1);
+        let since = if self.in_flight.load(Ordering::Relaxed) <= 1 {
+            self.load_since_ms.store(now, Ordering::Relaxed);
+            now
+        } else {
+            match self
+                .load_since_ms
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => now,
+                Err(t) => t,
+            }
+        };
+        now.saturating_sub(since) as f64 / 1000.0
+    }
+
+    /// The model is loaded: no load is in progress.
+    pub fn load_done(&self) {
+        self.load_since_ms.store(0, Ordering::Relaxed);
     }
 
     /// Seats for this node:model (at least 1).

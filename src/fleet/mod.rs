@@ -327,6 +327,11 @@ impl Fleet {
                     node.counters(&m.name)
                         .set_reported(m.running.unwrap_or(0), m.waiting.unwrap_or(0));
                 }
+                if m.loaded {
+                    if let Some(c) = node.peek(&m.name) {
+                        c.load_done();
+                    }
+                }
             }
         }
         let (changed, before, after) = {
@@ -373,6 +378,9 @@ impl Fleet {
     }
 
     pub fn mark_loaded(&self, idx: usize, model: &str) {
+        if let Some(c) = self.node(idx).peek(model) {
+            c.load_done();
+        }
         {
             let node = self.node(idx);
             let mut live = node.live.lock();

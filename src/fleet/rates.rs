@@ -57,6 +57,10 @@ pub struct Observation {
     pub prompt_eval_s: Option<f64>,
     pub eval_s: Option<f64>,
     pub load_s: Option<f64>,
+    /// Seconds the load this cold request waited for had been under way when it was sent (0:
+    /// it started it): a request that joins a load waits for the rest of it only, and the
+    /// whole load took this much more.
+    pub load_under_way_s: f64,
     /// Requests in flight on the node meanwhile (this one included): the mean of the counts
     /// at its send and its end.
     pub concurrency: u32,
@@ -125,7 +129,15 @@ impl PairRates {
                 .map(|t| (t - prefill_est).max(0.0));
             let l = seen.or(inferred);
             if let Some(l) = l {
-                self.load.add(l, now);
+                let before = o.load_under_way_s;
+                self.load.add(
+                    l + if before.is_finite() {
+                        before.max(0.0)
+                    } else {
+                        0.0
+                    },
+                    now,
+                );
             }
             l.unwrap_or(0.0)
         } else {
@@ -474,6 +486,24 @@ mod tests {
         let mut q = PairRates::default();
         q.observe(&cold);
         assert_eq!(q.rates().load_s, Some(9.0));
+    }
+
+    /// A request sent 8 s into a load waits 4 s for the rest of it: the load took 12 s, and
+    /// its prefill is still what is left of its TTFT after its own 4 s wait.
+    #[test]
+    fn a_request_that_joined_a_load_under_way_teaches_the_whole_load() {
+        let mut p = PairRates::default();
+        p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
+        let before = p.rates().prefill_tps;
+        let mut joined = response(1_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        joined.cold = true;
+        joined.ttft_s = joined.ttft_s.map(|t| t + 4.0);
+        joined.service_s += 4.0;
+        joined.load_under_way_s = 8.0;
+        p.observe(&joined);
+        let r = p.rates();
+        assert!(within(r.load_s.unwrap(), 12.0, 0.02), "{r:?}");
+        assert_eq!(r.prefill_tps, before);
     }
 
     #[test]

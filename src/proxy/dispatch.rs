@@ -67,6 +67,9 @@ pub struct Attempts {
     /// Mean streams decoding on the node while the current attempt's answer streamed, itself
     /// included (`queue::decoding`); set at its end.
     pub decode_streams: Option<f64>,
+    /// How long the load the current attempt waits for had been under way at its send (0: it
+    /// started it, or the model was loaded).
+    pub load_under_way_s: f64,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -121,6 +124,11 @@ impl Dispatch {
         let now_ms = crate::services::now_ms();
         let choice = &self.ranked[st.current];
         if let Some(lease) = st.lease.as_mut() {
+            st.load_under_way_s = if choice.cold {
+                lease.counters.load_sent(now_ms)
+            } else {
+                0.0
+            };
             match (choice.predicted_run_s, choice.predicted_s) {
                 (Some(run_s), _) => {
                     lease.expect_end(now_ms.saturating_add((run_s.max(0.0) * 1000.0) as u64))

@@ -178,9 +178,9 @@ fn learn(
         });
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
-    let (prefill_ahead_s, decode_streams) = {
+    let (prefill_ahead_s, decode_streams, load_under_way_s) = {
         let st = d.state.lock();
-        (st.prefill_ahead_s, st.decode_streams)
+        (st.prefill_ahead_s, st.decode_streams, st.load_under_way_s)
     };
     let o = Observation {
         now_ms: now,
@@ -195,6 +195,7 @@ fn learn(
         prompt_eval_s: secs(observed.prompt_eval_duration_ns),
         eval_s: secs(observed.eval_duration_ns),
         load_s: secs(observed.load_duration_ns),
+        load_under_way_s,
         concurrency: (l.concurrency.max(1) + now_in_flight).div_ceil(2),
         decode_streams,
         prior_prefill_tps,

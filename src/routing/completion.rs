@@ -8,7 +8,8 @@
 //!                                            answered, less those done since the first could
 //!                                            start; only on a node learned to prefill one prompt
 //!                                            at a time (`Rates::prefill_shared`)
-//! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits)
+//! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits),
+//!           less how long a load of it that a request started has been under way
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c - 1 = the streams beside it on average over
@@ -593,11 +594,20 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
     }
     let gb = m.resident_gb.unwrap_or(m.size_gb).max(0.0);
     let read = read_s(p, x.node, m, x.rates.load_s);
-    if m.on_disk || m.loaded {
+    let whole = if m.on_disk || m.loaded {
         read
     } else {
         read + gb / p.completion_pull_gbps
-    }
+    };
+    // A load a request already started (one holds the pair, the model is not in yet) is
+    // shared: what is left of it, not a whole one. A node 20 s into a 25 s load finishes a
+    // request sooner than an idle node starting its own.
+    let under_way = x
+        .load
+        .loading_since_ms
+        .filter(|_| !m.loaded && x.load.in_flight > 0)
+        .map_or(0.0, |t| x.now_ms.saturating_sub(t) as f64 / 1000.0);
+    (whole - under_way).max(0.0)
 }
 
 #[cfg(test)]
@@ -693,6 +703,50 @@ mod tests {
         n.models[0].loaded_context = Some(1_024);
         let p = predict(&Policy::default(), &input(&req, &n, seen, q), 0);
         assert_eq!(p.load_s, 7.0);
+    }
+
+    /// A load that a request started 5 s ago (one holds the pair, the model is not in yet)
+    /// has 2 s of its 7 left; none is left to wait for once it has run past its time; without
+    /// a request holding the pair nothing is known to be under way.
+    #[test]
+    fn a_load_under_way_costs_what_is_left_of_it() {
+        let req = RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: 10,
+            ..RouteRequest::default()
+        };
+        let n = node("a", vec![model("m", 40.0)]);
+        let seen = Rates {
+            load_s: Some(7.0),
+            ..learned()
+        };
+        let now = 1_000_000;
+        let under_way = |since: u64, in_flight: u32| ModelLoad {
+            in_flight,
+            loading_since_ms: Some(since),
+            ..ModelLoad::default()
+        };
+        let p = predict(
+            &Policy::default(),
+            &input(&req, &n, seen, under_way(now - 5_000, 1)),
+            0,
+        );
+        assert!((p.load_s - 2.0).abs() < 1e-9, "{p:?}");
+        let p = predict(
+            &Policy::default(),
+            &input(&req, &n, seen, under_way(now - 9_000, 1)),
+            0,
+        );
+        assert_eq!(p.load_s, 0.0);
+        let p = predict(
+            &Policy::default(),
+            &input(&req, &n, seen, under_way(now - 5_000, 0)),
+            0,
+        );
+        assert_eq!(
+            p.load_s, 7.0,
+            "nothing holds the pair: no load known to be under way"
+        );
     }
 
     #[test]

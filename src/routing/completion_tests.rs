@@ -818,3 +818,31 @@ fn before_any_contention_is_measured_an_idle_node_beats_a_busy_one_a_little_fast
     let d = at(&r, &f, &loads.clone().rated(0, "m", free));
     assert_eq!(d.winner().unwrap().node_id, "busy", "{d:?}");
 }
+
+/// A model cold on two alike nodes; on node 0 a request started its 20 s load 15 s ago. The
+/// next request joins that load (5 s left) rather than start a second one on node 1; with
+/// the load's start unknown, both look like a whole load and node 0's running request tips it
+/// to node 1.
+#[test]
+fn a_request_joins_a_load_under_way_rather_than_start_another() {
+    let f = fleet_of_4_seats(vec![
+        node("a", vec![model("m", 40.0)]),
+        node("b", vec![model("m", 40.0)]),
+    ]);
+    let r = req(&["m"], 100);
+    let holding = |since: Option<u64>| ModelLoad {
+        in_flight: 1,
+        loading_since_ms: since,
+        ..ModelLoad::default()
+    };
+    let joined = TableLoads::default().with(0, "m", holding(Some(1_000_000 - 15_000)));
+    let d = at(&r, &f, &joined);
+    let w = d.winner().expect("a winner");
+    assert_eq!(w.node_id, "a", "{:?}", d.table);
+    assert!(w.cold);
+    let p = predicted(&d, 0);
+    assert!((p.load_s - 5.0).abs() < 0.5, "{p:?}");
+    let unknown = TableLoads::default().with(0, "m", holding(None));
+    let d = at(&r, &f, &unknown);
+    assert_eq!(d.winner().expect("a winner").node_id, "b", "{:?}", d.table);
+}

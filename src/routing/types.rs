@@ -183,6 +183,9 @@ pub struct ModelLoad {
     pub p75_ms: Option<f64>,
     /// Observed output tokens per second.
     pub observed_tps: Option<f64>,
+    /// When the first request of a cold load of the model was sent, ms: while the model is not
+    /// loaded and a request holds it, the load has been under way since then.
+    pub loading_since_ms: Option<u64>,
 }
 
 impl ModelLoad {
