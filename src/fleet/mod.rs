@@ -623,6 +623,25 @@ mod tests {
         assert!(fleet.claim_unload(0, "busy", 2_002), "idle again");
     }
 
+    /// A cold load observed on the node (11 GB resident in 2 s) shows in the view as the
+    /// node's read speed, for the models it has not loaded.
+    #[test]
+    fn the_view_carries_the_read_speed_the_nodes_loads_showed() {
+        let fleet = polled(&[("seen", true), ("cold", false)]);
+        assert_eq!(fleet.view().nodes[0].learned_load_gbps, None);
+        let o = crate::fleet::Observation {
+            now_ms: 2_000,
+            cold: true,
+            service_s: 2.5,
+            load_s: Some(2.0),
+            ..Default::default()
+        };
+        fleet.node(0).counters("seen").rates.lock().observe(&o);
+        fleet.publish();
+        let gbps = fleet.view().nodes[0].learned_load_gbps.expect("learned");
+        assert!((gbps - 5.5).abs() < 1e-9, "{gbps}");
+    }
+
     /// A learning node's heartbeats and the view being published at once finish: the
     /// heartbeat took the learner, then the node's live state, while the publish holds the
     /// live state and takes the learner (it deadlocked within 3,000 rounds each, every run).

@@ -207,6 +207,11 @@ impl PairRates {
         self.last_ms = Some(now);
     }
 
+    /// Seconds a cold load of the model took on the node (`None`: none observed).
+    pub fn load_s(&self) -> Option<f64> {
+        self.load.get()
+    }
+
     /// What routing reads.
     pub fn rates(&self) -> Rates {
         // Queued only when the prompts ahead explain the TTFTs strictly better: with nothing

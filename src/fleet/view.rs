@@ -41,13 +41,21 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     };
     view.health = effective_health(&inputs, now, p.warmup_ms);
     view.breaker_open = !st.breaker.lock().admits(now);
+    let (mut read_gb, mut read_s) = (0.0, 0.0);
     for m in &mut view.models {
         let counters = st.peek(&m.name);
+        let gb = m.resident_gb.unwrap_or(m.size_gb);
+        let took = counters.as_ref().and_then(|c| c.rates.lock().load_s());
+        if let Some(t) = took.filter(|t| t.is_finite() && *t > 0.0 && gb > 0.0) {
+            read_gb += gb;
+            read_s += t;
+        }
         m.breaker_open = counters
             .as_ref()
             .is_some_and(|c| !c.breaker.lock().admits(now));
         m.not_capable = counters.map_or_else(Vec::new, |c| c.not_capable.active(now));
     }
+    view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
     if let Some(hb) = agent.fresh(now, p.miss_ms) {
         view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
         view.pressure = hb.pressure;

@@ -8,8 +8,10 @@
 //!                                            answered, less those done since the first could
 //!                                            start; only on a node learned to prefill one prompt
 //!                                            at a time (`Rates::prefill_shared`)
-//! load    = observed load time, else size_gb / load_gbps (0 when loaded with a window that fits),
-//!           less how long a load of it that a request started has been under way
+//! load    = observed load time, else size_gb / read speed: the node's `load_gbps`, else what
+//!           its observed loads of other models read at (0 when loaded with a window that fits),
+//!           less how long a load of it that a request started has been under way, less the
+//!           seat wait when requests are ahead (they wait for the same load meanwhile)
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c - 1 = the streams beside it on average over
@@ -447,7 +449,13 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
             .unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
     };
     let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
-    let load_s = load_s(p, x);
+    // The requests ahead on the pair wait for the same load: it runs while this one waits for
+    // their seats, and only what is left of it after that wait is its own.
+    let load_s = if ahead > 0 {
+        (load_s(p, x) - seat_wait_s).max(0.0)
+    } else {
+        load_s(p, x)
+    };
     let start = wait_s + load_s + prefill_s;
     let others = (concurrency - 1) as usize;
     // Stream-seconds decoded beside this one: the pair's running requests until their
@@ -578,7 +586,9 @@ fn seat_wait(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Opti
 pub(super) fn read_s(p: &Policy, node: &NodeView, m: &ModelView, observed: Option<f64>) -> f64 {
     positive(observed).unwrap_or_else(|| {
         m.resident_gb.unwrap_or(m.size_gb).max(0.0)
-            / positive(node.load_gbps).unwrap_or(p.completion_load_gbps)
+            / positive(node.load_gbps)
+                .or(positive(node.learned_load_gbps))
+                .unwrap_or(p.completion_load_gbps)
     })
 }
 
@@ -705,6 +715,26 @@ mod tests {
         assert_eq!(p.load_s, 7.0);
     }
 
+    /// A model the node never loaded reads at the speed its other loads showed (40 GB at 20
+    /// GB/s), unless the config says the node's speed.
+    #[test]
+    fn an_unloaded_model_reads_at_the_speed_the_nodes_loads_showed() {
+        let req = RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: 10,
+            ..RouteRequest::default()
+        };
+        let mut n = node("a", vec![model("m", 40.0)]);
+        n.seats = 4;
+        n.learned_load_gbps = Some(20.0);
+        let q = ModelLoad::default();
+        let p = predict(&Policy::default(), &input(&req, &n, learned(), q), 0);
+        assert!((p.load_s - 2.0).abs() < 1e-9, "{p:?}");
+        n.load_gbps = Some(4.0);
+        let p = predict(&Policy::default(), &input(&req, &n, learned(), q), 0);
+        assert!((p.load_s - 10.0).abs() < 1e-9, "{p:?}");
+    }
+
     /// A load that a request started 5 s ago (one holds the pair, the model is not in yet)
     /// has 2 s of its 7 left; none is left to wait for once it has run past its time; without
     /// a request holding the pair nothing is known to be under way.
@@ -715,7 +745,9 @@ mod tests {
             prompt_tokens: 10,
             ..RouteRequest::default()
         };
-        let n = node("a", vec![model("m", 40.0)]);
+        // Seats to spare: no wait for one (a wait would hide part of the load).
+        let mut n = node("a", vec![model("m", 40.0)]);
+        n.seats = 4;
         let seen = Rates {
             load_s: Some(7.0),
             ..learned()

@@ -846,3 +846,34 @@ fn a_request_joins_a_load_under_way_rather_than_start_another() {
     let d = at(&r, &f, &unknown);
     assert_eq!(d.winner().expect("a winner").node_id, "b", "{:?}", d.table);
 }
+
+/// A cold model whose two seats are held by requests waiting for its load: the next request
+/// waits for a seat (3 s) while the load runs (5 s in all, 1 s of it done), so it pays the
+/// 1 s of load left after its wait, not the wait and the whole rest of the load on top.
+#[test]
+fn a_request_waiting_behind_a_load_pays_the_load_once() {
+    let mut n = node("a", vec![model("m", 40.0)]);
+    n.seats = 2;
+    let f = fleet(vec![n]);
+    let r = req(&["m"], 100);
+    let rates = Rates {
+        load_s: Some(5.0),
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .with(
+            0,
+            "m",
+            ModelLoad {
+                in_flight: 2,
+                loading_since_ms: Some(1_000_000 - 1_000),
+                ..ModelLoad::default()
+            },
+        )
+        .rated(0, "m", rates)
+        .ending(0, "m", &[3.0, 3.5]);
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 3.0, &p);
+    assert_near(p.load_s, 1.0, &p);
+}

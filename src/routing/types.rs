@@ -160,6 +160,10 @@ pub struct NodeView {
     pub prefill_tps: Option<f64>,
     pub decode_tps: Option<f64>,
     pub load_gbps: Option<f64>,
+    /// The read speed the node showed loading models, GB/s: their sizes over their observed
+    /// load times, summed over the models it loaded (`None` before a load was observed). What
+    /// a model it has not loaded yet is expected to read at (the disk is the node's).
+    pub learned_load_gbps: Option<f64>,
 }
 
 impl NodeView {
