@@ -22,8 +22,31 @@ pub fn runtime() -> Runtime {
         .expect("test runtime")
 }
 
-/// A free port on 127.0.0.1 (bound and released; the gateway binds it right after).
+/// A free port on 127.0.0.1 for a listener the gateway binds itself a moment later. Taken
+/// below the kernel's ephemeral range (`ip_local_port_range`, 32768-60999 by default), where
+/// no `bind(127.0.0.1:0)` of a test process running beside this one (its sims, raw nodes and
+/// admin listeners) can take it in between: a port from that range, released, may be the next
+/// one the kernel hands out, and the gateway's readiness probe then reached a foreign server.
+/// Each test process starts at its own offset; a port is handed out only if it binds now.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const BASE: u32 = 10_000;
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = low.saturating_sub(BASE);
+    if span >= 1_000 {
+        let start = std::process::id().wrapping_mul(97) % span;
+        for _ in 0..span.min(4_096) {
+            let k = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = (BASE + (start + k) % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind")
