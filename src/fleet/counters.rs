@@ -42,7 +42,9 @@ pub struct ModelCounters {
     pub rates: Mutex<super::PairRates>,
     /// When the requests holding its seats are predicted to end (completion mode).
     pub ends: SeatEnds,
-    /// When the first request of the cold load now in progress was sent, ms (0: none known).
+    /// When the first request of the cold load now in progress was sent, ms (0: none known;
+    /// [`LOADED`]: the model is known to be in, so a request still marked cold from before
+    /// it came in starts nothing).
     load_since_ms: AtomicU64,
 }
 
@@ -131,6 +133,9 @@ impl SeatEnds {
 /// is not counted free at any time, but its answer's pace is read like any other.
 pub const END_UNKNOWN: u64 = u64::MAX;
 
+/// [`ModelCounters`]'s load start when the model is known to be in.
+const LOADED: u64 = u64::MAX;
+
 /// A running answer's pace is read once this many tokens have streamed after its first (fewer
 /// arrive in bursts a network or a batching server makes).
 pub const LIVE_MIN_TOKENS: u32 = 16;
@@ -152,7 +157,7 @@ impl ModelCounters {
             p75_ms: (p75 > 0.0).then_some(p75),
             observed_tps: (tps > 0.0).then_some(tps),
             loading_since_ms: match self.load_since_ms.load(Ordering::Relaxed) {
-                0 => None,
+                0 | LOADED => None,
                 t => Some(t),
             },
         }
@@ -161,26 +166,61 @@ impl ModelCounters {
     /// A request that needs the model loaded is sent at `now_ms`: the first one sent while
     /// no other request holds the pair starts a load (the later ones wait for it). Returns
     /// how long that load has been under way, seconds (0 for the one that starts it).
+    ///
+    /// A request placed while the model was cold and sent after it came in (it waited for a
+    /// seat) starts nothing and joins nothing: 0.
     pub fn load_sent(&self, now_ms: u64) -> f64 {
-        let now = now_ms.max(1);
+        let now = now_ms.clamp(1, LOADED - 1);
+        let current = self.load_since_ms.load(Ordering::Relaxed);
+        if current == LOADED {
+            return 0.0;
+        }
         let since = if self.in_flight.load(Ordering::Relaxed) <= 1 {
-            self.load_since_ms.store(now, Ordering::Relaxed);
-            now
+            match self.load_since_ms.compare_exchange(
+                current,
+                now,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => now,
+                Err(LOADED) => return 0.0,
+                Err(t) => t.min(now),
+            }
         } else {
             match self
                 .load_since_ms
                 .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => now,
-                Err(t) => t,
+                Err(LOADED) => return 0.0,
+                Err(t) => t.min(now),
             }
         };
         now.saturating_sub(since) as f64 / 1000.0
     }
 
-    /// The model is loaded: no load is in progress.
+    /// The model is in (a request was answered, a poll shows it loaded): no load is under way.
     pub fn load_done(&self) {
+        self.load_since_ms.store(LOADED, Ordering::Relaxed);
+    }
+
+    /// The model is out (a poll shows it not loaded, the gateway unloads it): the next request
+    /// for it starts a load.
+    pub fn unloaded(&self) {
         self.load_since_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// One request holding the pair ended. The last one to end forgets a load it started that
+    /// has not come in (a request that failed before the model did leaves no start behind);
+    /// `since` is what the start was before this one let go, so a load a new request started
+    /// meanwhile is kept.
+    pub fn lease_ended(&self) {
+        let since = self.load_since_ms.load(Ordering::Relaxed);
+        if self.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 && since != LOADED {
+            let _ =
+                self.load_since_ms
+                    .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
     /// Seats for this node:model (at least 1).
@@ -261,6 +301,35 @@ fn ewma(slot: &AtomicU64, x: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first cold request starts a load, a second one joins it 3 s in; once the model is in
+    /// a request still marked cold from before starts nothing; out again, the next one starts
+    /// a load; the last request to end forgets a load that never came in.
+    #[test]
+    fn a_cold_load_is_started_joined_and_forgotten() {
+        let c = ModelCounters::default();
+        c.in_flight.store(1, Ordering::Relaxed);
+        assert_eq!(c.load_sent(10_000), 0.0);
+        assert_eq!(c.load().loading_since_ms, Some(10_000));
+        c.in_flight.store(2, Ordering::Relaxed);
+        assert_eq!(c.load_sent(13_000), 3.0);
+        c.load_done();
+        assert_eq!(c.load().loading_since_ms, None);
+        c.in_flight.store(3, Ordering::Relaxed);
+        assert_eq!(c.load_sent(14_000), 0.0, "placed cold, sent once it was in");
+        assert_eq!(c.load().loading_since_ms, None);
+        c.unloaded();
+        c.in_flight.store(1, Ordering::Relaxed);
+        assert_eq!(c.load_sent(20_000), 0.0);
+        assert_eq!(c.load().loading_since_ms, Some(20_000));
+        c.lease_ended();
+        assert_eq!(c.load().in_flight, 0);
+        assert_eq!(
+            c.load().loading_since_ms,
+            None,
+            "it failed before the model came in"
+        );
+    }
 
     #[test]
     fn p75_of_window() {

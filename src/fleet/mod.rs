@@ -327,9 +327,13 @@ impl Fleet {
                     node.counters(&m.name)
                         .set_reported(m.running.unwrap_or(0), m.waiting.unwrap_or(0));
                 }
-                if m.loaded {
-                    if let Some(c) = node.peek(&m.name) {
+                if let Some(c) = node.peek(&m.name) {
+                    if m.loaded {
                         c.load_done();
+                    } else if !c.load().busy() {
+                        // Out, and no request waits for it (one that does is waiting for a
+                        // load the poll does not show yet).
+                        c.unloaded();
                     }
                 }
             }
@@ -420,6 +424,9 @@ impl Fleet {
             };
             m.loaded = false;
             m.unloaded_at_ms = Some(now_ms);
+            if let Some(c) = node.peek(model) {
+                c.unloaded();
+            }
             let freed = m.resident_gb.unwrap_or(m.size_gb);
             if let Some(free) = live.free_memory_gb.as_mut() {
                 *free += freed;

@@ -61,11 +61,7 @@ impl Drop for Lease {
         self.first_byte(now_ms);
         self.end_decoding(now_ms);
         self.node_state.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if self.counters.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // Nobody holds the pair: a cold load it was waiting for is not known to go on (a
-            // request that failed before the model came in leaves no start behind it).
-            self.counters.load_done();
-        }
+        self.counters.lease_ended();
         pump(self.node, &self.node_state);
     }
 }

@@ -11,7 +11,8 @@
 //! load    = observed load time, else size_gb / read speed: the node's `load_gbps`, else what
 //!           its observed loads of other models read at (0 when loaded with a window that fits),
 //!           less how long a load of it that a request started has been under way, less the
-//!           seat wait when requests are ahead (they wait for the same load meanwhile)
+//!           seat wait when requests are ahead and their ends are known (they wait for the
+//!           same load meanwhile); one past its time: as long again as it has overrun
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c - 1 = the streams beside it on average over
@@ -442,16 +443,23 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     } else {
         0.0
     };
+    // From the running requests' predicted ends (`Some`), which include any load they wait for.
+    let known_wait = (ahead > 0)
+        .then(|| seat_wait(seats, &x.load, x.seat_ends, service_s))
+        .flatten();
     let seat_wait_s = if ahead == 0 {
         0.0
     } else {
-        seat_wait(seats, &x.load, x.seat_ends, service_s)
-            .unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
+        known_wait.unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
     };
     let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
-    // The requests ahead on the pair wait for the same load: it runs while this one waits for
-    // their seats, and only what is left of it after that wait is its own.
-    let load_s = if ahead > 0 {
+    // The requests ahead on the pair wait for the same load (the model is not in, a request
+    // holds it): it runs while this one waits for their seats, whose predicted ends include it,
+    // and only what is left of it after that wait is its own. Not so for a reload to a larger
+    // window (it starts when the requests on the loaded one are done) nor for a wait guessed
+    // from the service time, which has no load in it.
+    let overlaps = known_wait.is_some() && !x.model.loaded && x.load.in_flight > 0;
+    let load_s = if overlaps {
         (load_s(p, x) - seat_wait_s).max(0.0)
     } else {
         load_s(p, x)
@@ -611,13 +619,15 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
     };
     // A load a request already started (one holds the pair, the model is not in yet) is
     // shared: what is left of it, not a whole one. A node 20 s into a 25 s load finishes a
-    // request sooner than an idle node starting its own.
+    // request sooner than an idle node starting its own. One that has run past its expected
+    // time is expected to take as long again as it has overrun (not to be done: a hung load
+    // would draw every request for the model).
     let under_way = x
         .load
         .loading_since_ms
         .filter(|_| !m.loaded && x.load.in_flight > 0)
         .map_or(0.0, |t| x.now_ms.saturating_sub(t) as f64 / 1000.0);
-    (whole - under_way).max(0.0)
+    (whole - under_way).abs()
 }
 
 #[cfg(test)]
@@ -736,8 +746,8 @@ mod tests {
     }
 
     /// A load that a request started 5 s ago (one holds the pair, the model is not in yet)
-    /// has 2 s of its 7 left; none is left to wait for once it has run past its time; without
-    /// a request holding the pair nothing is known to be under way.
+    /// has 2 s of its 7 left; at 7 s it is due; 2 s past its time it is expected to take as
+    /// long again; without a request holding the pair nothing is known to be under way.
     #[test]
     fn a_load_under_way_costs_what_is_left_of_it() {
         let req = RouteRequest {
@@ -766,10 +776,19 @@ mod tests {
         assert!((p.load_s - 2.0).abs() < 1e-9, "{p:?}");
         let p = predict(
             &Policy::default(),
+            &input(&req, &n, seen, under_way(now - 7_000, 1)),
+            0,
+        );
+        assert_eq!(p.load_s, 0.0, "due now");
+        let p = predict(
+            &Policy::default(),
             &input(&req, &n, seen, under_way(now - 9_000, 1)),
             0,
         );
-        assert_eq!(p.load_s, 0.0);
+        assert!(
+            (p.load_s - 2.0).abs() < 1e-9,
+            "2 s overrun, as long again: {p:?}"
+        );
         let p = predict(
             &Policy::default(),
             &input(&req, &n, seen, under_way(now - 5_000, 0)),

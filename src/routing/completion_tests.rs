@@ -877,3 +877,26 @@ fn a_request_waiting_behind_a_load_pays_the_load_once() {
     assert_near(p.wait_s, 3.0, &p);
     assert_near(p.load_s, 1.0, &p);
 }
+
+/// A reload to a larger window starts when the requests running on the loaded one are done:
+/// its wait for their seats hides none of it.
+#[test]
+fn a_reload_for_a_larger_window_is_not_hidden_by_the_seat_wait() {
+    let mut n = node("a", vec![loaded("m", 40.0)]);
+    n.seats = 2;
+    n.models[0].loaded_context = Some(1_024);
+    let f = fleet(vec![n]);
+    let r = req(&["m"], 4_000);
+    let rates = Rates {
+        load_s: Some(5.0),
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .with(0, "m", queue(2, 0))
+        .rated(0, "m", rates)
+        .ending(0, "m", &[3.0, 3.5]);
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 3.0, &p);
+    assert_near(p.load_s, 5.0, &p);
+}
