@@ -635,6 +635,15 @@ mod tests {
     use super::*;
     use crate::routing::testkit::{loaded, model, node};
 
+    /// A request for model `m` with a `prompt`-token prompt.
+    fn ask_m(prompt: u32) -> RouteRequest {
+        RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: prompt,
+            ..RouteRequest::default()
+        }
+    }
+
     fn input<'a>(
         req: &'a RouteRequest,
         node: &'a NodeView,
@@ -673,11 +682,7 @@ mod tests {
 
     #[test]
     fn terms_add_up_from_learned_rates() {
-        let req = RouteRequest {
-            models: vec!["m".into()],
-            prompt_tokens: 1_000,
-            ..RouteRequest::default()
-        };
+        let req = ask_m(1_000);
         let mut n = node("a", vec![loaded("m", 8.0)]);
         n.seats = 2;
         // 2 running, 1 waiting on 2 seats: 2 ahead, 2 streams decoding.
@@ -703,11 +708,7 @@ mod tests {
 
     #[test]
     fn cold_load_from_observation_else_size_over_read_speed() {
-        let req = RouteRequest {
-            models: vec!["m".into()],
-            prompt_tokens: 10,
-            ..RouteRequest::default()
-        };
+        let req = ask_m(10);
         let n = node("a", vec![model("m", 40.0)]);
         let q = ModelLoad::default();
         let p = predict(&Policy::default(), &input(&req, &n, learned(), q), 0);
@@ -729,11 +730,7 @@ mod tests {
     /// GB/s), unless the config says the node's speed.
     #[test]
     fn an_unloaded_model_reads_at_the_speed_the_nodes_loads_showed() {
-        let req = RouteRequest {
-            models: vec!["m".into()],
-            prompt_tokens: 10,
-            ..RouteRequest::default()
-        };
+        let req = ask_m(10);
         let mut n = node("a", vec![model("m", 40.0)]);
         n.seats = 4;
         n.learned_load_gbps = Some(20.0);
@@ -750,11 +747,7 @@ mod tests {
     /// long again; without a request holding the pair nothing is known to be under way.
     #[test]
     fn a_load_under_way_costs_what_is_left_of_it() {
-        let req = RouteRequest {
-            models: vec!["m".into()],
-            prompt_tokens: 10,
-            ..RouteRequest::default()
-        };
+        let req = ask_m(10);
         // Seats to spare: no wait for one (a wait would hide part of the load).
         let mut n = node("a", vec![model("m", 40.0)]);
         n.seats = 4;
