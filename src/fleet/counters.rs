@@ -175,28 +175,19 @@ impl ModelCounters {
         if current == LOADED {
             return 0.0;
         }
-        let since = if self.in_flight.load(Ordering::Relaxed) <= 1 {
-            match self.load_since_ms.compare_exchange(
-                current,
-                now,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => now,
-                Err(LOADED) => return 0.0,
-                Err(t) => t.min(now),
-            }
-        } else {
-            match self
-                .load_since_ms
-                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => now,
-                Err(LOADED) => return 0.0,
-                Err(t) => t.min(now),
-            }
-        };
-        now.saturating_sub(since) as f64 / 1000.0
+        // Alone on the pair it starts a load whatever start is left; beside others it starts
+        // one only if none is under way.
+        let alone = self.in_flight.load(Ordering::Relaxed) <= 1;
+        let expected = if alone { current } else { 0 };
+        match self.load_since_ms.compare_exchange(
+            expected,
+            now,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) | Err(LOADED) => 0.0,
+            Err(since) => now.saturating_sub(since) as f64 / 1000.0,
+        }
     }
 
     /// The model is in (a request was answered, a poll shows it loaded): no load is under way.

@@ -473,15 +473,21 @@ mod tests {
         assert!(within(tps, 13.3, 0.10), "{tps}");
     }
 
+    /// `response`'s request at 1 s, sent cold: it waited `wait_s` for the model first.
+    fn cold_response(wait_s: f64) -> Observation {
+        let mut o = response(1_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        o.cold = true;
+        o.ttft_s = o.ttft_s.map(|t| t + wait_s);
+        o.service_s += wait_s;
+        o
+    }
+
     #[test]
     fn cold_responses_teach_the_load_time_not_the_prefill() {
         let mut p = PairRates::default();
         p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
         let before = p.rates().prefill_tps;
-        let mut cold = response(1_000, 1_000, 1, 1_000.0, 40.0, 0.0);
-        cold.cold = true;
-        cold.ttft_s = cold.ttft_s.map(|t| t + 12.0);
-        cold.service_s += 12.0;
+        let mut cold = cold_response(12.0);
         p.observe(&cold);
         let r = p.rates();
         assert!(within(r.load_s.unwrap(), 12.0, 0.02), "{r:?}");
@@ -500,10 +506,7 @@ mod tests {
         let mut p = PairRates::default();
         p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
         let before = p.rates().prefill_tps;
-        let mut joined = response(1_000, 1_000, 1, 1_000.0, 40.0, 0.0);
-        joined.cold = true;
-        joined.ttft_s = joined.ttft_s.map(|t| t + 4.0);
-        joined.service_s += 4.0;
+        let mut joined = cold_response(4.0);
         joined.load_under_way_s = 8.0;
         p.observe(&joined);
         let r = p.rates();

@@ -633,7 +633,7 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::testkit::{loaded, model, node};
+    use crate::routing::testkit::{loaded, loading, model, node};
 
     /// A request for model `m` with a `prompt`-token prompt.
     fn ask_m(prompt: u32) -> RouteRequest {
@@ -756,11 +756,7 @@ mod tests {
             ..learned()
         };
         let now = 1_000_000;
-        let under_way = |since: u64, in_flight: u32| ModelLoad {
-            in_flight,
-            loading_since_ms: Some(since),
-            ..ModelLoad::default()
-        };
+        let under_way = |since: u64, in_flight: u32| loading(in_flight, Some(since));
         let p = predict(
             &Policy::default(),
             &input(&req, &n, seen, under_way(now - 5_000, 1)),

@@ -830,19 +830,14 @@ fn a_request_joins_a_load_under_way_rather_than_start_another() {
         node("b", vec![model("m", 40.0)]),
     ]);
     let r = req(&["m"], 100);
-    let holding = |since: Option<u64>| ModelLoad {
-        in_flight: 1,
-        loading_since_ms: since,
-        ..ModelLoad::default()
-    };
-    let joined = TableLoads::default().with(0, "m", holding(Some(1_000_000 - 15_000)));
+    let joined = TableLoads::default().with(0, "m", loading(1, Some(1_000_000 - 15_000)));
     let d = at(&r, &f, &joined);
     let w = d.winner().expect("a winner");
     assert_eq!(w.node_id, "a", "{:?}", d.table);
     assert!(w.cold);
     let p = predicted(&d, 0);
     assert!((p.load_s - 5.0).abs() < 0.5, "{p:?}");
-    let unknown = TableLoads::default().with(0, "m", holding(None));
+    let unknown = TableLoads::default().with(0, "m", loading(1, None));
     let d = at(&r, &f, &unknown);
     assert_eq!(d.winner().expect("a winner").node_id, "b", "{:?}", d.table);
 }
@@ -861,15 +856,7 @@ fn a_request_waiting_behind_a_load_pays_the_load_once() {
         ..seen(100.0)
     };
     let loads = TableLoads::default()
-        .with(
-            0,
-            "m",
-            ModelLoad {
-                in_flight: 2,
-                loading_since_ms: Some(1_000_000 - 1_000),
-                ..ModelLoad::default()
-            },
-        )
+        .with(0, "m", loading(2, Some(1_000_000 - 1_000)))
         .rated(0, "m", rates)
         .ending(0, "m", &[3.0, 3.5]);
     let d = at(&r, &f, &loads);

@@ -117,6 +117,16 @@ impl Loads for TableLoads {
     }
 }
 
+/// `in_flight` requests hold a pair whose cold load the first of them started at `since_ms`
+/// (`None`: when is not known).
+pub fn loading(in_flight: u32, since_ms: Option<u64>) -> ModelLoad {
+    ModelLoad {
+        in_flight,
+        loading_since_ms: since_ms,
+        ..ModelLoad::default()
+    }
+}
+
 pub fn queue(in_flight: u32, pending: u32) -> ModelLoad {
     ModelLoad {
         in_flight,
