@@ -143,3 +143,99 @@ struct Moments {
     var: f64,
     cov: f64,
 }
+
+/// Least observations (decayed or not) before a [`Plane`] is read.
+const PLANE_MIN_N: u32 = 4;
+/// Least coefficient of variation of an input for its slope to be read off the points.
+const PLANE_MIN_SPREAD: f64 = 0.2;
+/// Above this squared correlation the two inputs move together and the plane is not read
+/// (their slopes cannot be told apart).
+const PLANE_MAX_R2: f64 = 0.9;
+
+/// Decayed sums for `y = a + b x1 + c x2`, fitted jointly: the time of a whole reply (neither
+/// streamed nor timed by its backend) against its prompt and output tokens. It is all that
+/// tells such a reply's prefill from its decode; splitting it in the proportion the priors
+/// predict kept whatever error they had (identical nodes learned prefill rates 2x apart).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub(super) struct Plane {
+    w: f64,
+    s1: f64,
+    s2: f64,
+    sy: f64,
+    s11: f64,
+    s12: f64,
+    s22: f64,
+    s1y: f64,
+    s2y: f64,
+    n: u32,
+    at_ms: u64,
+}
+
+impl Plane {
+    pub(super) fn add(&mut self, x1: f64, x2: f64, y: f64, now_ms: u64) {
+        if !(usable(x1) && usable(x2) && usable(y)) {
+            return;
+        }
+        let a = if self.w > 0.0 {
+            alpha(now_ms.saturating_sub(self.at_ms))
+        } else {
+            1.0
+        };
+        let k = 1.0 - a;
+        self.w = k * self.w + a;
+        self.s1 = k * self.s1 + a * x1;
+        self.s2 = k * self.s2 + a * x2;
+        self.sy = k * self.sy + a * y;
+        self.s11 = k * self.s11 + a * x1 * x1;
+        self.s12 = k * self.s12 + a * x1 * x2;
+        self.s22 = k * self.s22 + a * x2 * x2;
+        self.s1y = k * self.s1y + a * x1 * y;
+        self.s2y = k * self.s2y + a * x2 * y;
+        self.n = self.n.saturating_add(1);
+        self.at_ms = now_ms;
+    }
+
+    /// `y` at (`x1`, `x2`) in two parts, the one that grows with `x1` and the one that grows
+    /// with `x2`; the intercept goes with the input whose slope could not be read (with both,
+    /// to `x1`'s part: a reply's fixed cost comes before its first token). `None` until the
+    /// points spread along at least one input without the two moving together, or when a
+    /// slope comes out negative.
+    pub(super) fn split(&self, x1: f64, x2: f64) -> Option<(f64, f64)> {
+        if self.n < PLANE_MIN_N || self.w <= 0.0 {
+            return None;
+        }
+        let w = self.w;
+        let (m1, m2, my) = (self.s1 / w, self.s2 / w, self.sy / w);
+        let v1 = self.s11 / w - m1 * m1;
+        let v2 = self.s22 / w - m2 * m2;
+        let c12 = self.s12 / w - m1 * m2;
+        let c1y = self.s1y / w - m1 * my;
+        let c2y = self.s2y / w - m2 * my;
+        let spread = |v: f64, m: f64| v > 0.0 && m > 0.0 && v.sqrt() / m >= PLANE_MIN_SPREAD;
+        let (on1, on2) = (spread(v1, m1), spread(v2, m2));
+        if on1 && on2 {
+            let det = v1 * v2 - c12 * c12;
+            if det > (1.0 - PLANE_MAX_R2) * v1 * v2 {
+                let b = (c1y * v2 - c2y * c12) / det;
+                let c = (c2y * v1 - c1y * c12) / det;
+                if b > 0.0 && c > 0.0 {
+                    let a = (my - b * m1 - c * m2).max(0.0);
+                    return Some((a + b * x1, c * x2));
+                }
+            }
+        }
+        if on1 {
+            let b = c1y / v1;
+            let a = (my - b * m1).max(0.0);
+            let at = if m2 > 0.0 { x2 / m2 } else { 1.0 };
+            return (b > 0.0).then_some((b * x1, a * at));
+        }
+        if on2 {
+            let c = c2y / v2;
+            let a = (my - c * m2).max(0.0);
+            let at = if m1 > 0.0 { x1 / m1 } else { 1.0 };
+            return (c > 0.0).then_some((a * at, c * x2));
+        }
+        None
+    }
+}

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::decay::{usable, Line, Mean};
+use super::decay::{usable, Line, Mean, Plane};
 use crate::routing::Rates;
 
 pub const STATE_FILE: &str = "rates.json";
@@ -89,6 +89,10 @@ pub struct PairRates {
     queued_seen: u32,
     /// Seconds per output token against streams - 1.
     decode: Line,
+    /// Whole replies (neither streamed nor timed by the backend): their busy time against
+    /// prompt and output tokens, fitted jointly to split the next one.
+    #[serde(default)]
+    whole: Plane,
     load: Mean,
     service: Mean,
     output: Mean,
@@ -158,23 +162,35 @@ impl PairRates {
             gen_s = Some(e);
         }
         // Neither streamed nor timed by the backend: split the seat time between prefill and
-        // decode in the proportion the current rates (else the priors) predict.
+        // decode in the proportion that the earlier such replies, fitted jointly against their
+        // prompt and output tokens, predict; until they can tell, as the current rates (else
+        // the priors) predict.
         if prefill_s.is_none() && gen_s.is_none() {
-            let spt = before
-                .decode_spt
-                .map(|a| a + before.decode_spt_per_stream.unwrap_or(0.0) * streams)
-                .unwrap_or(o.prior_spt);
-            let est_p = match before.prefill_tps {
-                Some(_) => prefill_est,
-                None if o.prior_prefill_tps > 0.0 => tokens / o.prior_prefill_tps,
-                None => 0.0,
-            };
-            let est_d = out.map_or(0.0, |n| n * spt);
             let busy = o.service_s - load;
+            let n_out = out.unwrap_or(0.0);
+            let (est_p, est_d) = match self.whole.split(tokens, n_out) {
+                Some(parts) => parts,
+                None => {
+                    let spt = before
+                        .decode_spt
+                        .map(|a| a + before.decode_spt_per_stream.unwrap_or(0.0) * streams)
+                        .unwrap_or(o.prior_spt);
+                    let est_p = match before.prefill_tps {
+                        Some(_) => prefill_est,
+                        None if o.prior_prefill_tps > 0.0 => tokens / o.prior_prefill_tps,
+                        None => 0.0,
+                    };
+                    (est_p, n_out * spt)
+                }
+            };
             if est_p + est_d > 0.0 && busy > 0.0 {
                 let k = busy / (est_p + est_d);
                 prefill_s = (est_p > 0.0).then_some(est_p * k);
                 gen_s = (est_d > 0.0).then_some(est_d * k);
+            }
+            // A cold reply's load is itself inferred: it would teach the plane that guess.
+            if !o.cold && busy > 0.0 && o.prompt_tokens > 0 && out.is_some() {
+                self.whole.add(tokens, n_out, busy, now);
             }
         }
         if let Some(p) = prefill_s.filter(|_| o.prompt_tokens > 0) {
@@ -379,6 +395,52 @@ mod tests {
         );
         assert!(within(tps1, 20.0, 0.10), "decode {tps1} vs 20: {r:?}");
         assert_eq!(r.observed, 40);
+    }
+
+    /// Whole replies (not streamed, no backend timings, as an OpenAI client that does not
+    /// stream gets them): only their lengths tell prefill from decode. A node that prefills
+    /// 50,000 tokens/s and decodes 200 tokens/s (5 % slower per further stream, 1-4 streams),
+    /// each reply off by up to 12 % (waits, other streams' prefills), priors that say 4,000 and
+    /// 100, eight short prompts (whose prefill is lost in their decode) before four long ones:
+    /// after the long ones the rates are within 15 %. Split in the proportion the current
+    /// rates predict, each long reply moved them only part of the way (38,300 and 249 here;
+    /// two identical nodes of the placement bench learned prefill rates 2x apart).
+    #[test]
+    fn whole_replies_teach_prefill_and_decode_apart() {
+        let mut p = PairRates::default();
+        let mut t = 1_000_000u64;
+        // Short prompts first (their prefill is lost in the decode), then long ones.
+        let prompts = [
+            900u32, 300, 2_900, 160, 1_600, 270, 440, 470, 19_000, 5_600, 9_600, 12_700,
+        ];
+        let outs = [60u32, 25, 80, 40, 70, 30, 50, 20];
+        let noise = [0.10, -0.05, 0.08, -0.10, 0.0, 0.12, -0.07, 0.03, 0.05];
+        for i in 0..12usize {
+            let (prompt, out) = (prompts[i], outs[(i * 3) % 8]);
+            let streams = 1 + (i * 5) % 4;
+            let spt = (1.0 + 0.05 * (streams - 1) as f64) / 200.0;
+            let busy = 0.02 + f64::from(prompt) / 50_000.0 + f64::from(out) * spt;
+            p.observe(&Observation {
+                now_ms: t,
+                service_s: busy * (1.0 + noise[i % 9]),
+                prompt_tokens: prompt,
+                output_tokens: Some(out),
+                concurrency: streams as u32,
+                prior_prefill_tps: 4_000.0,
+                prior_spt: 0.01,
+                ..Observation::default()
+            });
+            t += 300;
+        }
+        let r = p.rates();
+        let tps = r.prefill_tps.expect("prefill learned");
+        assert!(within(tps, 50_000.0, 0.15), "prefill {tps} tok/s: {r:?}");
+        let spt = r.decode_spt.expect("decode learned");
+        assert!(
+            within(1.0 / spt, 200.0, 0.15),
+            "decode {} tok/s: {r:?}",
+            1.0 / spt
+        );
     }
 
     /// A node that prefills one prompt at a time: TTFT is the wait for the request ahead plus

@@ -201,7 +201,13 @@ fn learn(
         prior_prefill_tps,
         prior_spt,
     };
-    node.counters(&c.model).rates.lock().observe(&o);
+    let counters = node.counters(&c.model);
+    let mut rates = counters.rates.lock();
+    rates.observe(&o);
+    // `RUST_LOG=fleetgate::learn=debug`: what each response taught (beside the decisions'
+    // log, what to read when a pair's rates look wrong).
+    log::debug!(target: "fleetgate::learn", "{} {}: {o:?} -> {:?}", c.node_id, c.model, rates.rates());
+    drop(rates);
     if let Some(key) = l.affinity_key {
         let held = base.saturating_add(observed.output_tokens().unwrap_or(0));
         fleet.prefixes.remember(key, c.node, held, now);
