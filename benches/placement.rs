@@ -26,7 +26,11 @@
 //! `-- --only home-lab,slowdown` some scenarios, `-- --policies completion,spec-000` some
 //! policies (the others show zeros); `-- --run 2` starts at run 2 (trace seed + 2: with
 //! `--quick`, that run alone); `-- --trace` (or `FLEETGATE_BENCH_TRACE=1`)
-//! also prints every request (node, cached tokens, load, TTFT, total).
+//! also prints every request (node, cached tokens, load, TTFT, total);
+//! `FLEETGATE_BENCH_CLIENT=openai` sends OpenAI chat completions (streamed) instead of Ollama
+//! `/api/chat` streams, `=openai-whole` OpenAI replies whole (no node timings, no TTFT);
+//! `FLEETGATE_BENCH_STRETCH=10` runs every scenario 10x slower (life's pace, see
+//! `Scenario::stretch`).
 
 mod common;
 #[path = "placement/drive.rs"]
@@ -82,10 +86,20 @@ fn scenarios(only: &Option<Vec<String>>) -> Vec<Scenario> {
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     files.sort();
+    let stretch = std::env::var("FLEETGATE_BENCH_STRETCH").map_or(1.0, |v| {
+        v.parse::<f64>()
+            .ok()
+            .filter(|k| k.is_finite() && *k > 0.0)
+            .unwrap_or_else(|| panic!("FLEETGATE_BENCH_STRETCH={v}: expected a factor > 0"))
+    });
     files
         .iter()
         .map(|p| Scenario::load(p).unwrap_or_else(|e| panic!("scenario {e}")))
         .filter(|s| only.as_ref().is_none_or(|o| o.contains(&s.name)))
+        .map(|mut s| {
+            s.stretch(stretch);
+            s
+        })
         .collect()
 }
 
@@ -97,14 +111,16 @@ fn main() {
     // predicted terms (what to read when completion mode sends a request somewhere odd).
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off")).init();
     let a = args();
+    let client = drive::Client::from_env().unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "placement bench ({} build), {} run(s) per scenario",
+        "placement bench ({} build), {} run(s) per scenario, clients: {}",
         if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
         },
-        a.runs
+        a.runs,
+        client.name()
     );
     let supported = scenario::modes_supported();
     if !supported {
@@ -140,7 +156,7 @@ fn main() {
                     per[pi].push(Figures::default());
                     continue;
                 }
-                let d = drive::run(&rt, &sc, &tr, policies[pi]);
+                let d = drive::run(&rt, &sc, &tr, policies[pi], client);
                 if a.trace {
                     for l in report::trace_lines(policies[pi].name(), &d) {
                         println!("{l}");

@@ -1,6 +1,7 @@
 //! One run: fresh simulated nodes, one placement policy (fleetgate in a mode, or a
-//! client-side baseline), the seeded trace replayed open-loop over Ollama `/api/chat`
-//! streams; what each request saw and what each node counted.
+//! client-side baseline), the seeded trace replayed open-loop as Ollama `/api/chat` streams
+//! (or, with `FLEETGATE_BENCH_CLIENT`, OpenAI chat completions streamed or whole); what each
+//! request saw and what each node counted.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -33,6 +34,61 @@ impl Policy {
             Policy::Fleetgate(Mode::LeastBusy, _) => "least-busy",
             Policy::RoundRobin => "rr-direct",
             Policy::LeastBusy => "lb-direct",
+        }
+    }
+}
+
+/// How the trace's requests are sent (`FLEETGATE_BENCH_CLIENT`): the wire protocol, and
+/// whether the reply is streamed. Ollama's final object carries the node's own timings
+/// (`prompt_eval_duration`, `eval_duration`, `load_duration`); an OpenAI reply carries token
+/// counts only, so the gateway learns from what it times itself; a whole (non-streamed)
+/// reply gives it not even the first token's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    /// `/api/chat`, `stream: true` (the default).
+    OllamaStream,
+    /// `/v1/chat/completions`, `stream: true` with `stream_options.include_usage`.
+    OpenAiStream,
+    /// `/v1/chat/completions`, `stream: false`.
+    OpenAiWhole,
+}
+
+impl Client {
+    /// From `FLEETGATE_BENCH_CLIENT`: `ollama` (default), `openai`, `openai-whole`.
+    pub fn from_env() -> Result<Client, String> {
+        match std::env::var("FLEETGATE_BENCH_CLIENT").as_deref() {
+            Err(_) | Ok("") | Ok("ollama") => Ok(Client::OllamaStream),
+            Ok("openai") => Ok(Client::OpenAiStream),
+            Ok("openai-whole") => Ok(Client::OpenAiWhole),
+            Ok(other) => Err(format!(
+                "FLEETGATE_BENCH_CLIENT={other}: expected ollama, openai or openai-whole"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Client::OllamaStream => "Ollama /api/chat, streamed",
+            Client::OpenAiStream => "OpenAI /v1/chat/completions, streamed",
+            Client::OpenAiWhole => "OpenAI /v1/chat/completions, whole replies",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Client::OllamaStream => "/api/chat",
+            _ => "/v1/chat/completions",
+        }
+    }
+
+    fn body(self, model: &str, messages: &[Value], output: u32) -> Value {
+        match self {
+            Client::OllamaStream => json!({"model": model, "messages": messages, "stream": true,
+                "options": {"num_predict": output}}),
+            Client::OpenAiStream => json!({"model": model, "messages": messages, "stream": true,
+                "stream_options": {"include_usage": true}, "max_tokens": output}),
+            Client::OpenAiWhole => json!({"model": model, "messages": messages, "stream": false,
+                "max_tokens": output}),
         }
     }
 }
@@ -121,15 +177,14 @@ impl Router {
 /// an error tries the next node that has the model (as LiteLLM's retries and context-window
 /// fallbacks do); the time of failed attempts counts in the request's total.
 async fn send(
-    client: &reqwest::Client,
+    (client, kind): (&reqwest::Client, Client),
     router: &Router,
     model: &str,
     messages: &[Value],
     (tag, prompt_tokens, output): (String, u32, u32),
     t0: Instant,
 ) -> (Outcome, String) {
-    let body = json!({"model": model, "messages": messages, "stream": true,
-        "options": {"num_predict": output}});
+    let body = kind.body(model, messages, output);
     let start = Instant::now();
     let mut o = Outcome {
         at: start - t0,
@@ -149,7 +204,7 @@ async fn send(
     let mut tried = Vec::new();
     while let Some((base, idx)) = router.pick(model, &tried) {
         o.node = idx.map(|i| router.nodes[i].0.clone()).unwrap_or_default();
-        attempt(client, &base, &body, start, &mut o, &mut reply).await;
+        attempt((client, kind), &base, &body, start, &mut o, &mut reply).await;
         router.done(idx);
         match idx {
             Some(i) if o.status != 200 => tried.push(i),
@@ -161,7 +216,7 @@ async fn send(
 }
 
 async fn attempt(
-    client: &reqwest::Client,
+    (client, kind): (&reqwest::Client, Client),
     base: &str,
     body: &Value,
     start: Instant,
@@ -169,7 +224,7 @@ async fn attempt(
     reply: &mut String,
 ) {
     match client
-        .post(format!("{base}/api/chat"))
+        .post(format!("{base}{}", kind.path()))
         .json(body)
         .send()
         .await
@@ -193,7 +248,11 @@ async fn attempt(
                 o.error = b.chars().take(160).collect();
             } else {
                 o.error.clear();
-                read_stream(r, start, o, reply).await;
+                match kind {
+                    Client::OllamaStream => read_stream(r, start, o, reply).await,
+                    Client::OpenAiStream => read_sse(r, start, o, reply).await,
+                    Client::OpenAiWhole => read_whole(r, o, reply).await,
+                }
             }
         }
     }
@@ -233,8 +292,75 @@ async fn read_stream(r: reqwest::Response, start: Instant, o: &mut Outcome, repl
     }
 }
 
+/// An OpenAI stream: `data:` events, content deltas, the usage event, `[DONE]`. The
+/// prompt tokens the node reused come from `prompt_tokens_details.cached_tokens`.
+async fn read_sse(r: reqwest::Response, start: Instant, o: &mut Outcome, reply: &mut String) {
+    let mut s = r.bytes_stream();
+    let mut buf = Vec::new();
+    let mut done = false;
+    while let Some(chunk) = s.next().await {
+        let Ok(chunk) = chunk else {
+            o.error = "stream cut".into();
+            o.status = 0;
+            return;
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let Some(data) = line.strip_prefix(b"data:") else {
+                continue;
+            };
+            let data = data.trim_ascii();
+            if data == b"[DONE]" {
+                done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_slice::<Value>(data) else {
+                continue;
+            };
+            if let Some(t) = v["choices"][0]["delta"]["content"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+            {
+                o.ttft.get_or_insert_with(|| start.elapsed());
+                reply.push_str(t);
+            }
+            if let Some(c) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+                o.cached = c as u32;
+            }
+        }
+    }
+    if !done {
+        o.error = "no [DONE]".into();
+        o.status = 0;
+    }
+}
+
+/// A whole OpenAI reply: no first-token time (the client sees none).
+async fn read_whole(r: reqwest::Response, o: &mut Outcome, reply: &mut String) {
+    let v: Value = match r.json().await {
+        Ok(v) => v,
+        Err(e) => {
+            o.error = format!("reply body: {e}");
+            o.status = 0;
+            return;
+        }
+    };
+    match v["choices"][0]["message"]["content"].as_str() {
+        Some(t) => reply.push_str(t),
+        None => {
+            o.error = "no message in the reply".into();
+            o.status = 0;
+            return;
+        }
+    }
+    if let Some(c) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+        o.cached = c as u32;
+    }
+}
+
 /// Replay `trace` on a fresh fleet under `policy`.
-pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy) -> RunData {
+pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Client) -> RunData {
     let nodes: Vec<Node> = sc.nodes();
     let sims: Vec<SimHandle> = nodes
         .iter()
@@ -242,7 +368,7 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy) -> RunDat
         .collect();
     let gw = match policy {
         Policy::Fleetgate(mode, supported) => {
-            let yaml = gateway_yaml(&nodes, &sims, supported.then_some(mode));
+            let yaml = gateway_yaml(&nodes, &sims, supported.then_some(mode), sc.stretch);
             let gw = common::Gateway::start(2, &yaml);
             // Ready when every node has answered a poll.
             let deadline = Instant::now() + Duration::from_secs(20);
@@ -295,7 +421,7 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy) -> RunDat
                 let tag = format!("s{i}");
                 let msgs = [json!({"role": "user", "content": text(&tag, s.prompt_tokens.saturating_sub(4))})];
                 let what = (tag, s.prompt_tokens, s.output);
-                vec![send(&client, &router, &s.model, &msgs, what, t0).await.0]
+                vec![send((&client, kind), &router, &s.model, &msgs, what, t0).await.0]
             }));
         }
         for (c, chat) in trace.chats.iter().enumerate() {
@@ -311,7 +437,7 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy) -> RunDat
                     msgs.push(json!({"role": "user", "content": text(&tag, user.saturating_sub(4))}));
                     prompt += (*user).max(4);
                     let what = (tag, prompt, *output);
-                    let (o, reply) = send(&client, &router, &chat.model, &msgs, what, t0).await;
+                    let (o, reply) = send((&client, kind), &router, &chat.model, &msgs, what, t0).await;
                     out.push(o);
                     let reply_tokens = sim_tokens(&reply);
                     msgs.push(json!({"role": "assistant", "content": reply}));

@@ -29,6 +29,10 @@ pub struct Scenario {
     #[serde(default)]
     pub events: Vec<Event>,
     pub nodes: Vec<NodeDef>,
+    /// How many times slower than written the run goes (`FLEETGATE_BENCH_STRETCH`, see
+    /// [`Scenario::stretch`]); 1 as written.
+    #[serde(skip, default = "one")]
+    pub stretch: f64,
 }
 
 /// One kind of single-shot request; prompt lengths are drawn log-uniform in `prompt`.
@@ -114,6 +118,37 @@ impl Scenario {
         Ok(s)
     }
 
+    /// Run `k` times slower than written: every duration (arrivals, think times, events,
+    /// first-token delays, cold loads) times `k`, every rate (arrivals, tokens/s) over `k`,
+    /// and the gateway's timers as the scenario scales them (`gateway_yaml`). The scenarios
+    /// run ~10x faster than life; `k = 10` replays one at life's pace, which is what a
+    /// learner whose constants are in seconds must also get right.
+    pub fn stretch(&mut self, k: f64) {
+        self.stretch = k;
+        let ms = |x: &mut u64| *x = (*x as f64 * k).round() as u64;
+        self.duration_s *= k;
+        self.rate_per_s /= k;
+        for b in &mut self.bursts {
+            b.at_s *= k;
+        }
+        if let Some(c) = &mut self.conversations {
+            c.think_ms.iter_mut().for_each(ms);
+            c.start_within_s *= k;
+        }
+        for e in &mut self.events {
+            e.at_s *= k;
+        }
+        for n in &mut self.nodes {
+            let s = &mut n.sim;
+            s.tokens_per_sec /= k;
+            s.prefill_tokens_per_sec = s.prefill_tokens_per_sec.map(|r| r / k);
+            ms(&mut s.ttft_ms);
+            for m in &mut s.models {
+                ms(&mut m.cold_load_ms);
+            }
+        }
+    }
+
     fn validate(&self) -> Result<(), String> {
         let nodes = self.nodes();
         for n in &nodes {
@@ -197,9 +232,18 @@ impl Mode {
 /// tune to their fleet are scaled like it: health polls every 500 ms (default 5 s), a request
 /// no node can take now waits at most 3 s (default 30 s), a queued one 30 s (default 300 s).
 /// `mode`: `None` when this build has no `routing.mode` (the default placement runs).
-pub fn gateway_yaml(nodes: &[Node], sims: &[SimHandle], mode: Option<Mode>) -> String {
-    let mut y = String::from(
-        "health:\n  poll_interval_ms: 500\nqueue:\n  holding_timeout_s: 3\n  max_wait_s: 30\n",
+/// `stretch` (see [`Scenario::stretch`]) scales the three timers back towards the defaults.
+pub fn gateway_yaml(
+    nodes: &[Node],
+    sims: &[SimHandle],
+    mode: Option<Mode>,
+    stretch: f64,
+) -> String {
+    let mut y = format!(
+        "health:\n  poll_interval_ms: {}\nqueue:\n  holding_timeout_s: {}\n  max_wait_s: {}\n",
+        (500.0 * stretch).round() as u64,
+        (3.0 * stretch).ceil() as u64,
+        (30.0 * stretch).ceil() as u64
     );
     if let Some(m) = mode {
         y += &format!("routing:\n  mode: {}\n  prefix_affinity: true\n", m.key());
