@@ -38,6 +38,9 @@ pub struct NodeStatus {
     /// `default_batching` (an OpenAI-compatible / vLLM server that reports none), `memory`
     /// (derived from free memory), `one_at_a_time` (nothing known).
     pub seats_from: &'static str,
+    /// The node's models share its seats (learned from answers sent while they were all
+    /// taken): no more than `seats` are sent to it at once, across its models.
+    pub seats_shared: bool,
     pub hard_cap: u32,
     pub in_flight: u32,
     pub free_memory_gb: Option<f64>,
@@ -126,6 +129,7 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                         },
                         |k| k.1,
                     ),
+                seats_shared: n.seats_shared,
                 hard_cap: n.hard_cap,
                 in_flight: st.in_flight.load(Ordering::Relaxed),
                 free_memory_gb: n.free_memory_gb,

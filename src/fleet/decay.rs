@@ -12,7 +12,7 @@ pub const ALPHA_MIN: f64 = 0.1;
 /// not spread: below it, TTFT is taken as fixed overhead.
 const MIN_ORIGIN_X: f64 = 256.0;
 
-fn alpha(dt_ms: u64) -> f64 {
+pub(super) fn alpha(dt_ms: u64) -> f64 {
     let a = 1.0 - (-(dt_ms as f64) / 1000.0 / DECAY_S).exp();
     a.max(ALPHA_MIN)
 }

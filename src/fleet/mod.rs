@@ -16,6 +16,7 @@ mod presence;
 mod rates;
 pub mod recent;
 mod reload;
+mod sharing;
 mod state;
 mod view;
 
@@ -37,6 +38,7 @@ pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
 pub use rates::{Observation, PairRates, RatesStore};
 pub use reload::ReloadReport;
+pub use sharing::SeatSharing;
 pub use state::Control;
 use view::{next_due, node_view, ViewParams};
 
@@ -56,6 +58,11 @@ pub struct NodeState {
     pub decoding: crate::queue::decoding::DecodeClock,
     /// Most requests in flight on the node across its models (spec 003 hard cap).
     hard_cap: AtomicU32,
+    /// Its seats, when its models share them (learned; 0: each model has its own): no more
+    /// are sent at once, the rest wait in the gateway (where they can still go elsewhere),
+    /// not inside the node. Unlike the hard cap, a node at this ceiling is queued for, not
+    /// passed over.
+    shared_seats: AtomicU32,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
     pub live: Mutex<NodeLive>,
     pub agent: Mutex<AgentState>,
@@ -63,6 +70,8 @@ pub struct NodeState {
     pub control: Mutex<AdminControl>,
     /// Some on nodes with `learning: true`.
     pub learner: Mutex<Option<Learner>>,
+    /// Whether its models share its seats (learned from answers).
+    pub seat_sharing: Mutex<SeatSharing>,
 }
 
 impl NodeState {
@@ -87,6 +96,20 @@ impl NodeState {
         match self.hard_cap.load(Ordering::Relaxed) {
             0 => u32::MAX,
             n => n,
+        }
+    }
+
+    /// The node's models share `seats` (0: they do not).
+    pub fn set_shared_seats(&self, seats: u32) {
+        self.shared_seats.store(seats, Ordering::Relaxed);
+    }
+
+    /// Most requests sent to the node at once: its hard cap, and its seats when its models
+    /// share them.
+    pub fn ceiling(&self) -> u32 {
+        match self.shared_seats.load(Ordering::Relaxed) {
+            0 => self.hard_cap(),
+            n => n.min(self.hard_cap()),
         }
     }
 
@@ -467,6 +490,7 @@ impl Fleet {
             .free_memory_gb
             .or((view.memory_gb > 0.0).then_some(view.memory_gb - held));
         st.set_hard_cap(view.hard_cap);
+        st.set_shared_seats(if view.seats_shared { view.seats } else { 0 });
         for m in &view.models {
             let model_gb = m.resident_gb.unwrap_or(m.size_gb);
             let extra = if m.loaded { model_gb } else { 0.0 };

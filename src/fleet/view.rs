@@ -56,6 +56,7 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
         m.not_capable = counters.map_or_else(Vec::new, |c| c.not_capable.active(now));
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
+    view.seats_shared = st.seat_sharing.lock().shared();
     if let Some(hb) = agent.fresh(now, p.miss_ms) {
         view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
         view.pressure = hb.pressure;

@@ -207,6 +207,7 @@ mod tests {
             cold: false,
             predicted_s: None,
             predicted_run_s: None,
+            seat_test: None,
         }
     }
 

@@ -201,6 +201,37 @@ fn learn(
         prior_prefill_tps,
         prior_spt,
     };
+    if let Some(t) = c.seat_test.filter(|_| !c.cold) {
+        // How much later than its own prediction it came: its first token (streamed), else
+        // its end.
+        let waited = match o.ttft_s {
+            Some(first) => first - t.first_s,
+            None => o.service_s - t.first_s - t.decode_s,
+        };
+        log::debug!(
+            target: "fleetgate::learn",
+            "{} {}: sent to the full node, {waited:.3} s later than predicted ({:.3} s were the seats shared)",
+            c.node_id,
+            c.model,
+            t.shared_wait_s
+        );
+        let flipped = node
+            .seat_sharing
+            .lock()
+            .observe(t.shared_wait_s, waited, now);
+        if flipped {
+            log::info!(
+                "node {}: its models {} its seats (answers sent while they were all taken)",
+                c.node_id,
+                if node.seat_sharing.lock().shared() {
+                    "share"
+                } else {
+                    "do not share"
+                }
+            );
+            fleet.publish();
+        }
+    }
     let counters = node.counters(&c.model);
     let mut rates = counters.rates.lock();
     rates.observe(&o);

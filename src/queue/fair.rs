@@ -61,6 +61,17 @@ impl WaitQueue {
         self.items.push_back((tag, w));
     }
 
+    /// Since when the waiter [`WaitQueue::pop_next`] would serve has waited.
+    pub fn next_since(&self) -> Option<std::time::Instant> {
+        let mut best: Option<(f64, std::time::Instant)> = None;
+        for (tag, w) in &self.items {
+            if best.is_none_or(|(b, _)| *tag < b) {
+                best = Some((*tag, w.since));
+            }
+        }
+        best.map(|(_, since)| since)
+    }
+
     /// The waiter to serve next: smallest tag, oldest first among equals.
     pub fn pop_next(&mut self) -> Option<Waiter> {
         self.pop_best(|_| true)

@@ -66,14 +66,15 @@ impl Drop for Lease {
     }
 }
 
-/// Take a seat if node:model has one free and the node is under its hard cap. Called with
+/// Take a seat if node:model has one free and the node is under its ceiling (its hard cap, or
+/// its seats when its models share them, `NodeState::ceiling`). Called with
 /// node:model's waiters lock held, which serialises the per-model check; the node count is
 /// shared by all its models, so it is claimed with a compare-and-swap: never over the cap.
 fn reserve(node_state: &NodeState, counters: &ModelCounters) -> bool {
     if counters.in_flight.load(Ordering::Relaxed) >= counters.seats() {
         return false;
     }
-    let cap = node_state.hard_cap();
+    let cap = node_state.ceiling();
     let claimed = node_state
         .in_flight
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -247,22 +248,41 @@ impl Drop for Ticket {
     }
 }
 
-/// Hand free seats of a node to its waiters, per model in fair order (FIFO within a tenant).
+/// Hand free seats of a node to its waiters: within a model in fair order (FIFO within a
+/// tenant), across its models the one whose next waiter has waited longest first (when the
+/// node's ceiling binds, its models take turns by arrival, not by name).
 pub fn pump(node: usize, node_state: &Arc<NodeState>) {
-    for (_, counters) in node_state.all_counters() {
-        loop {
-            let mut waiters = counters.waiters.lock();
-            if waiters.is_empty() || !reserve(node_state, &counters) {
-                break;
+    let all = node_state.all_counters();
+    loop {
+        let mut oldest: Option<(Instant, &Arc<ModelCounters>)> = None;
+        for (_, c) in &all {
+            if c.in_flight.load(Ordering::Relaxed) >= c.seats() {
+                continue;
             }
-            let Some(w) = waiters.pop_next() else { break };
-            counters.pending.fetch_sub(1, Ordering::Relaxed);
-            drop(waiters);
-            let lease = Lease::reserved(node, node_state, counters.clone());
-            if let Err(lease) = w.tx.send(lease) {
-                // The client left: dropping the seat hands it to the next waiter.
-                drop(lease);
+            if let Some(since) = c.waiters.lock().next_since() {
+                if oldest.is_none_or(|(o, _)| since < o) {
+                    oldest = Some((since, c));
+                }
             }
+        }
+        let Some((_, counters)) = oldest else { break };
+        let mut waiters = counters.waiters.lock();
+        if waiters.is_empty() {
+            // It left meanwhile: the next oldest.
+            continue;
+        }
+        // Full (the node at its ceiling, or the pair raced to its seats): the next lease to
+        // end pumps again.
+        if !reserve(node_state, counters) {
+            break;
+        }
+        let Some(w) = waiters.pop_next() else { break };
+        counters.pending.fetch_sub(1, Ordering::Relaxed);
+        drop(waiters);
+        let lease = Lease::reserved(node, node_state, counters.clone());
+        if let Err(lease) = w.tx.send(lease) {
+            // The client left: dropping the seat hands it to the next waiter.
+            drop(lease);
         }
     }
 }

@@ -85,6 +85,37 @@ async fn hard_cap_holds_across_models_and_frees_the_other_model() {
     assert_eq!(n.in_flight.load(Ordering::Relaxed), 2);
 }
 
+/// Models that share the node's seats (learned): past them a request for any model waits in
+/// the gateway, and the seat that frees goes to whoever waited longest, whatever its model
+/// (not to the model whose name sorts first).
+#[tokio::test]
+async fn shared_seats_hold_across_models_and_go_to_the_longest_waiter() {
+    let n = node(4, 16, &["a", "b"]);
+    n.set_shared_seats(2);
+    let b1 = ready(acquire(0, &n, "b"));
+    let b2 = ready(acquire(0, &n, "b"));
+    let mut first = waiting(acquire(0, &n, "b"));
+    let mut second = waiting(acquire(0, &n, "a"));
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 2, "the node's seats");
+    let five = std::time::Duration::from_secs(5);
+    drop(b1);
+    let l1 = tokio::time::timeout(five, first.granted()).await;
+    let l1 = l1.ok().flatten().expect("the longest waiter, model b");
+    assert_eq!(n.counters("a").load().pending, 1, "a still waits");
+    drop(b2);
+    let l2 = tokio::time::timeout(five, second.granted()).await;
+    let l2 = l2.ok().flatten().expect("then model a");
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 2);
+    drop((l1, l2));
+    // Not shared (0): each model's own seats, under the hard cap.
+    n.set_shared_seats(0);
+    let held: Vec<Lease> = (0..6)
+        .map(|i| ready(acquire(0, &n, ["a", "b"][i % 2])))
+        .collect();
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 6);
+    drop(held);
+}
+
 #[test]
 fn the_hard_cap_is_never_exceeded_under_contention() {
     let n = node(64, 3, &["a", "b", "c", "d"]);

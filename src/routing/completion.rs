@@ -24,6 +24,9 @@
 //!                                            completion_contention_prior x spt1
 //!                                            pace: the running answers' seconds per token
 //!                                            over spt at the node's decoding streams, >= 1
+//!           + past the pair's own seat, the wait for the node's: its ceiling across its
+//!           models (its seats when its models share them, learned; else its hard cap), from
+//!           the predicted ends of every request running on it (`node_wait_s`)
 //! seat    = 0 when ahead = 0; else when the seats of the requests running free (their own
 //!           predicted ends, `seat_ends`), each request waiting before this one taking the
 //!           first free seat for `service`; ahead / seats x service while a running request has
@@ -77,6 +80,15 @@ pub struct Prediction {
     pub imposed_s: f64,
     /// Requests that must leave a seat before this one runs.
     pub ahead: u32,
+    /// Seconds of `wait_s` past the wait for the pair's own seats: the node is at its ceiling
+    /// across its models (its seats, when they are shared by its models: learned,
+    /// `NodeView::seats_shared`; else its hard cap), so the request waits in the gateway for
+    /// one of the node's running requests, whatever their model, to end.
+    pub node_wait_s: f64,
+    /// What that wait would be if the seats were shared, whether or not they are believed to
+    /// be (0 while the node has a seat free): what the node's answers are tested against.
+    #[serde(skip)]
+    pub shared_wait_s: f64,
     /// Streams decoding on the node while this one does.
     pub concurrency: u32,
     /// Prompt tokens taken as cached on this node.
@@ -121,6 +133,11 @@ pub(super) struct Input<'a> {
     /// Seconds until each request running on the pair is predicted to end (any order; 0 for
     /// one past its predicted end); empty when none is known.
     pub seat_ends: &'a [f64],
+    /// Requests running (`in_flight`) and waiting (`pending`) on the node across its models,
+    /// and the predicted ends of those running (as `seat_ends`); filled by the caller only
+    /// when the node's seats are all taken (`node_in_flight >= seats`), else default / empty.
+    pub node_load: ModelLoad,
+    pub node_ends: &'a [f64],
     /// How fast the answers running on the pair stream now (see `pace`).
     pub live: Option<LiveDecode>,
 }
@@ -452,7 +469,35 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     } else {
         known_wait.unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
     };
-    let wait_s = seat_wait_s.max(prefill_queue_tokens / prefill_tps);
+    // The node's own ceiling across its models (its seats when its models share them,
+    // learned; else the hard cap): past it the request waits in the gateway until one of the
+    // node's running requests, whatever its model, ends. And what that wait would be were the
+    // seats shared, whether or not they are believed to be: what answers are tested against.
+    let node_wait = |cap: u32| {
+        let ahead = x.node_load.depth().saturating_add(1).saturating_sub(cap);
+        if ahead == 0 {
+            return 0.0;
+        }
+        // Sent past the ceiling (before it was known), requests wait inside the node: they
+        // take the first seats to free, as the gateway's waiters do.
+        let over = x.node_load.in_flight.saturating_sub(cap);
+        let load = ModelLoad {
+            in_flight: x.node_load.in_flight - over,
+            pending: x.node_load.pending.saturating_add(over),
+            ..x.node_load
+        };
+        seat_wait(cap, &load, x.node_ends, service_s)
+            .unwrap_or(f64::from(ahead) / f64::from(cap) * service_s)
+    };
+    let shared_wait_s = node_wait(seats);
+    let node_wait_s = match x.node.hard_cap {
+        _ if x.node.seats_shared => shared_wait_s,
+        0 => 0.0,
+        cap if cap <= seats => shared_wait_s,
+        cap => node_wait(cap),
+    };
+    let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
+    let wait_s = (seat_wait_s + node_wait_s).max(prefill_queue_tokens / prefill_tps);
     // The requests ahead on the pair wait for the same load (the model is not in, a request
     // holds it): it runs while this one waits for their seats, whose predicted ends include it,
     // and only what is left of it after that wait is its own. Not so for a reload to a larger
@@ -517,6 +562,8 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
             0.0
         },
         ahead,
+        node_wait_s,
+        shared_wait_s,
         concurrency,
         pace,
         cached_tokens: cached,
@@ -663,6 +710,8 @@ mod tests {
             needed_tokens: 2_000,
             now_ms: 1_000_000,
             seat_ends: &[],
+            node_load: ModelLoad::default(),
+            node_ends: &[],
             live: None,
         }
     }

@@ -887,3 +887,53 @@ fn a_reload_for_a_larger_window_is_not_hidden_by_the_seat_wait() {
     assert_near(p.wait_s, 3.0, &p);
     assert_near(p.load_s, 5.0, &p);
 }
+
+/// A node whose models share its seats (learned): a request for a model with no request of
+/// its own there still waits for the node's running requests of the other model to free a
+/// seat, and goes to a slower idle node that finishes it first. Believed to be each model's
+/// own (the default), the full node is predicted free, and the request is marked to test that
+/// belief with its answer (`SeatTest`).
+#[test]
+fn a_node_whose_models_share_its_seats_is_full_for_every_model() {
+    let mut ws = node("workstation", vec![loaded("a", 4.0), loaded("b", 4.0)]);
+    ws.seats = 2;
+    ws.hard_cap = 8;
+    let other = node("other", vec![loaded("a", 4.0)]);
+    let mut f = fleet(vec![ws, other]);
+    f.nodes[1].seats = 2;
+    // 100 tokens/s on the workstation, 50 on the other: 200 output tokens take 2 s and 4 s.
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(0, "b", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "b", queue(2, 0))
+        .ending(0, "b", &[3.0, 5.0]);
+    let r = req(&["a"], 100);
+    let own = at(&r, &f, &loads);
+    let p = predicted(&own, 0);
+    assert_near(p.wait_s, 0.0, &p);
+    assert_near(p.shared_wait_s, 3.0, &p);
+    assert_eq!(own.winner().unwrap().node_id, "workstation");
+    let test = own.ranked[0]
+        .seat_test
+        .expect("sent to a full node: a test");
+    assert_near(test.shared_wait_s, 3.0, &p);
+
+    f.nodes[0].seats_shared = true;
+    let shared = at(&r, &f, &loads);
+    let p = predicted(&shared, 0);
+    assert_near(p.wait_s, 3.0, &p);
+    assert_near(p.node_wait_s, 3.0, &p);
+    assert_eq!(shared.winner().unwrap().node_id, "other", "{p:?}");
+    // Once a seat of the node is free, no wait either way.
+    let one_free = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(0, "b", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "b", queue(1, 0))
+        .ending(0, "b", &[3.0]);
+    let d = at(&r, &f, &one_free);
+    assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
+    assert_eq!(d.winner().unwrap().node_id, "workstation");
+    assert!(d.ranked[0].seat_test.is_none());
+}

@@ -7,8 +7,8 @@ use super::eliminate;
 use super::policy::Policy;
 use super::signals::{self, Pair};
 use super::types::{
-    AffinityKind, Choice, Decision, FleetView, Loads, Mode, NoRoute, Rates, Reason, RouteRequest,
-    Row, Signals, Tier, Verdict,
+    AffinityKind, Choice, Decision, FleetView, Loads, Mode, ModelLoad, NoRoute, Rates, Reason,
+    RouteRequest, Row, SeatTest, Signals, Tier, Verdict,
 };
 
 /// A surviving pair, kept small: the explain table holds the signals.
@@ -139,10 +139,14 @@ fn decide_once(
         })
         .collect();
 
-    // The running requests' predicted ends of the pair being predicted (refilled per pair).
+    // The running requests' predicted ends of the pair being predicted (refilled per pair),
+    // and of every pair of a node whose seats are all taken (refilled per node).
     let mut ends: Vec<f64> = Vec::new();
+    let mut node_ends: Vec<f64> = Vec::new();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
+        // Completion mode, the node full: what runs and waits on it across its models.
+        let mut node_load: Option<ModelLoad> = None;
         // What the node has shown on its models, read once for all its untried pairs.
         let mut shown: Option<Option<Rates>> = None;
         let provisional = node.tier == Tier::Provisional;
@@ -204,6 +208,9 @@ fn decide_once(
                         Mode::Completion => {
                             let own = rates[idx * n_models + pos];
                             let live = seat_ends(loads, idx, name, &load, now_ms, &mut ends);
+                            let node_load = *node_load.get_or_insert_with(|| {
+                                node_seats(loads, node, idx, node_in_flight, now_ms, &mut node_ends)
+                            });
                             let input = Input {
                                 req,
                                 node,
@@ -222,6 +229,8 @@ fn decide_once(
                                 needed_tokens: needed,
                                 now_ms,
                                 seat_ends: &ends,
+                                node_load,
+                                node_ends: &node_ends,
                                 live,
                             };
                             let prediction = completion::predict(policy, &input, 0);
@@ -335,12 +344,15 @@ fn decide_once(
         .map(|c| {
             let model = &req.models[c.model];
             // Ranked by total + imposed; reported: the request's own finish.
-            let (predicted_s, run_s) = match &table[c.node * n_models + c.model].verdict {
+            let node = &fleet.nodes[c.node];
+            let (predicted_s, run_s, seat_test) = match &table[c.node * n_models + c.model].verdict
+            {
                 Verdict::Predicted { prediction: p } => (
                     Some(p.total_s),
                     (!p.from_priors).then_some(p.total_s - p.wait_s),
+                    seat_test(p, node, c.loaded),
                 ),
-                _ => (None, None),
+                _ => (None, None, None),
             };
             Choice {
                 node: c.node,
@@ -351,6 +363,7 @@ fn decide_once(
                 cold: !c.loaded,
                 predicted_s,
                 predicted_run_s: run_s.filter(|s| s.is_finite()),
+                seat_test,
             }
         })
         .collect();
@@ -395,6 +408,58 @@ fn seat_ends(
     } else {
         None
     }
+}
+
+/// What runs (`in_flight`) and waits (`pending`) on node `idx` across its models, with the
+/// predicted ends of those running in `out`; nothing when a seat of the node is free (then no
+/// request waits for one inside the node, whoever owns the seats).
+fn node_seats(
+    loads: &dyn Loads,
+    node: &super::types::NodeView,
+    idx: usize,
+    node_in_flight: u32,
+    now_ms: u64,
+    out: &mut Vec<f64>,
+) -> ModelLoad {
+    out.clear();
+    if node_in_flight < node.seats.max(1) {
+        return ModelLoad::default();
+    }
+    let mut pending = 0u32;
+    for m in &node.models {
+        let load = loads.model(idx, &m.name);
+        pending = pending.saturating_add(load.pending);
+        if load.in_flight > 0 {
+            loads.seat_ends(idx, &m.name, now_ms, out);
+        }
+    }
+    ModelLoad {
+        in_flight: node_in_flight,
+        pending,
+        ..ModelLoad::default()
+    }
+}
+
+/// A warm pair predicted from observed rates, sent at once (no request ahead for its own
+/// seats, the node under its ceiling) to a node whose seats were all taken: its answer tells
+/// whether it waited inside. Never on a node already taken to share them (it is not sent past
+/// them).
+fn seat_test(
+    p: &super::completion::Prediction,
+    node: &super::types::NodeView,
+    loaded: bool,
+) -> Option<SeatTest> {
+    let at_once = p.ahead == 0 && p.node_wait_s == 0.0;
+    let test = SeatTest {
+        first_s: p.prefill_s,
+        decode_s: p.decode_s,
+        shared_wait_s: p.shared_wait_s,
+    };
+    let finite = test.first_s.is_finite() && test.decode_s.is_finite();
+    let full = test.shared_wait_s.is_finite() && test.shared_wait_s > 0.0;
+    (loaded && !node.seats_shared && !p.from_priors && at_once && p.load_s == 0.0)
+        .then_some(test)
+        .filter(|_| finite && full)
 }
 
 fn finite(total: f64) -> f64 {
@@ -458,12 +523,22 @@ fn add_cached_prefix(
             (rates.observed == 0).then(|| node_best(node, idx, post.loads, post.now_ms));
         let mut ends = Vec::new();
         let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
+        let node_in_flight = post.loads.node_in_flight(idx);
+        let mut node_ends = Vec::new();
+        let node_load = node_seats(
+            post.loads,
+            node,
+            idx,
+            node_in_flight,
+            post.now_ms,
+            &mut node_ends,
+        );
         let input = Input {
             req,
             node,
             model,
             load,
-            node_in_flight: post.loads.node_in_flight(idx),
+            node_in_flight,
             node_prefilling: post.loads.node_prefilling(idx),
             rates,
             peer: post.peers[pos],
@@ -471,6 +546,8 @@ fn add_cached_prefix(
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
             seat_ends: &ends,
+            node_load,
+            node_ends: &node_ends,
             live,
         };
         let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);

@@ -146,6 +146,10 @@ pub struct NodeView {
     pub seats: u32,
     /// In-flight ceiling (spec 003 hardCap); at least `seats`.
     pub hard_cap: u32,
+    /// The node's seats are shared by its models (one count for the node, as a server with a
+    /// single queue keeps), not each model's own (Ollama's `OLLAMA_NUM_PARALLEL`): learned
+    /// from the requests sent while they were all taken (`fleet::sharing`).
+    pub seats_shared: bool,
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
@@ -493,6 +497,21 @@ pub struct Choice {
     /// decode; not the wait for a seat): its seat's predicted end once sent (`Loads::seat_ends`).
     #[serde(skip)]
     pub predicted_run_s: Option<f64>,
+    /// Completion mode, a warm pair sent at once to a node whose seats were all taken: what
+    /// its answer tests about the node's seats (`fleet::sharing`).
+    #[serde(skip)]
+    pub seat_test: Option<SeatTest>,
+}
+
+/// What a request sent to a full node predicted, to be held against its answer: with seats
+/// the node's models share it waits `shared_wait_s` inside the node, with each model's own it
+/// starts at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SeatTest {
+    /// Seconds from its send to its first token, and then to its end, without that wait.
+    pub first_s: f64,
+    pub decode_s: f64,
+    pub shared_wait_s: f64,
 }
 
 /// Why nothing was chosen; maps to the client-visible error.

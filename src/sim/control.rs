@@ -91,6 +91,8 @@ pub struct SimControl {
     pub(crate) spec: SimSpec,
     pub(crate) models: Mutex<Registry>,
     pub(crate) seats: Arc<Semaphore>,
+    /// Per model (registry index), with `seats_per_model`.
+    model_seats: Mutex<std::collections::HashMap<usize, Arc<Semaphore>>>,
     /// `prefill_parallel` permits (None: no limit).
     pub(crate) prefill: Option<Arc<Semaphore>>,
     pub(crate) slot: Arc<ListenSlot>,
@@ -117,6 +119,7 @@ impl SimControl {
             spec,
             models: Mutex::new(models),
             seats,
+            model_seats: Mutex::new(std::collections::HashMap::new()),
             prefill,
             slot,
             prefix,
@@ -132,6 +135,19 @@ impl SimControl {
     }
 
     /// Put the node in a failure mode (see [`Fault`]).
+    /// The seats a request for model `idx` waits for: the node's, or the model's own
+    /// (`seats_per_model`).
+    pub(crate) fn seats_for(&self, idx: usize) -> Arc<Semaphore> {
+        if !self.spec.seats_per_model {
+            return self.seats.clone();
+        }
+        self.model_seats
+            .lock()
+            .entry(idx)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.spec.seats as usize)))
+            .clone()
+    }
+
     pub fn set_fault(&self, f: Fault) {
         let prev = std::mem::replace(&mut *self.fault.lock(), f);
         let was_closed = matches!(prev, Fault::Refuse | Fault::Flap(_));

@@ -255,7 +255,11 @@ pub(crate) async fn admit(
     let c = ctl.clone();
     let work = async move {
         let queued = Queued::new(&c);
-        let permit = c.seats.clone().acquire_owned().await.map_err(|_| Killed)?;
+        let permit = c
+            .seats_for(plan.idx)
+            .acquire_owned()
+            .await
+            .map_err(|_| Killed)?;
         drop(queued);
         let seat = Seat::new(c.clone(), permit);
         let load = ensure_loaded(&c, plan.idx).await;

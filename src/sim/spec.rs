@@ -55,6 +55,11 @@ pub struct SimSpec {
     /// every seat prefills independently.
     #[serde(default)]
     pub prefill_parallel: u32,
+    /// Each model has `seats` of its own (Ollama: `OLLAMA_NUM_PARALLEL` is per loaded model),
+    /// instead of the node's `seats` shared by all its models (default: one backlog for the
+    /// node, as a server with a single queue keeps).
+    #[serde(default)]
+    pub seats_per_model: bool,
     /// Models on disk.
     pub models: Vec<SimModel>,
 }
@@ -118,6 +123,7 @@ impl Default for SimSpec {
             prefix_cache_entries: 0,
             decode_contention: 0.0,
             prefill_parallel: 0,
+            seats_per_model: false,
             models: Vec::new(),
         }
     }

@@ -1,0 +1,108 @@
+//! Whether a node's models share its seats: one count for the node (a server with a single
+//! queue, the simulated nodes) or each model its own (Ollama's `OLLAMA_NUM_PARALLEL` is per
+//! loaded model). Learned from the answers of warm requests sent while every seat of the node
+//! was taken (`routing::SeatTest`): with shared seats each waited inside the node about as
+//! long as routing predicted a node-wide seat would take to free, with its own it started at
+//! once. Until the answers say so, the seats are each model's own.
+
+use super::decay::alpha;
+
+/// Answers that must have tested the node before it is taken to share its seats.
+const MIN_TESTS: u32 = 3;
+/// Share of the predicted node-wide waits the answers must show (a line through the origin):
+/// halfway between the two explanations.
+const SHARED_AT: f64 = 0.5;
+
+/// Time-decayed sums of a line through the origin: what the answers waited past their own
+/// prediction against the node-wide wait predicted for them.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct SeatSharing {
+    sxy: f64,
+    sxx: f64,
+    tests: u32,
+    at_ms: u64,
+}
+
+impl SeatSharing {
+    /// The node's models share its seats.
+    pub fn shared(&self) -> bool {
+        self.tests >= MIN_TESTS && self.sxx > 0.0 && self.sxy >= SHARED_AT * self.sxx
+    }
+
+    /// One answer of a request sent to the full node: `shared_wait_s` the wait for a
+    /// node-wide seat routing predicted, `waited_s` how much later than its own prediction it
+    /// came (first token, else its end). Taken between 0 and twice the prediction, so one
+    /// hiccup does not outweigh the rest. Returns whether the verdict changed.
+    pub fn observe(&mut self, shared_wait_s: f64, waited_s: f64, now_ms: u64) -> bool {
+        if !(shared_wait_s.is_finite() && shared_wait_s > 0.0 && waited_s.is_finite()) {
+            return false;
+        }
+        let before = self.shared();
+        let a = if self.tests == 0 {
+            1.0
+        } else {
+            alpha(now_ms.saturating_sub(self.at_ms))
+        };
+        let (x, y) = (shared_wait_s, waited_s.clamp(0.0, 2.0 * shared_wait_s));
+        self.sxy = (1.0 - a) * self.sxy + a * x * y;
+        self.sxx = (1.0 - a) * self.sxx + a * x * x;
+        self.tests = self.tests.saturating_add(1);
+        self.at_ms = now_ms;
+        self.shared() != before
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers that waited about as long as the node-wide seat was predicted to take: shared,
+    /// from the third on. Answers that came when their own prediction said: each model's own.
+    /// A node that stops making them wait (its server restarted with more parallel slots) is
+    /// taken back within a few answers.
+    #[test]
+    fn answers_that_waited_for_a_node_wide_seat_say_the_seats_are_shared() {
+        let mut s = SeatSharing::default();
+        let mut t = 1_000;
+        let waits = [(0.30, 0.27), (0.10, 0.13), (0.50, 0.41), (0.20, 0.22)];
+        let mut flips = Vec::new();
+        for (i, (predicted, waited)) in waits.into_iter().enumerate() {
+            if s.observe(predicted, waited, t) {
+                flips.push(i);
+            }
+            t += 200;
+        }
+        assert!(s.shared());
+        assert_eq!(flips, vec![2], "shared once three answers said so");
+
+        let mut own = SeatSharing::default();
+        for (predicted, waited) in [(0.30, 0.02), (0.10, -0.01), (0.50, 0.06), (0.20, 0.0)] {
+            own.observe(predicted, waited, t);
+            t += 200;
+        }
+        assert!(!own.shared(), "{own:?}");
+
+        let mut n = 0;
+        while s.shared() {
+            s.observe(0.3, 0.01, t);
+            t += 200;
+            n += 1;
+            assert!(
+                n <= 8,
+                "still shared after {n} answers that did not wait: {s:?}"
+            );
+        }
+    }
+
+    /// Nonsense (no wait predicted, a NaN) teaches nothing.
+    #[test]
+    fn answers_without_a_predicted_wait_teach_nothing() {
+        let mut s = SeatSharing::default();
+        for t in 0..10 {
+            assert!(!s.observe(0.0, 1.0, t * 100));
+            assert!(!s.observe(f64::NAN, 1.0, t * 100));
+            assert!(!s.observe(0.2, f64::NAN, t * 100));
+        }
+        assert_eq!(s, SeatSharing::default());
+    }
+}
