@@ -175,11 +175,12 @@ impl<'a> Report<'a> {
 /// Column titles of completion mode's table: the terms (seconds), then the rates behind them.
 fn completion_header() -> String {
     format!(
-        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>8} {:>7} {:>5} {:>7} {:>5}\n",
+        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>7} {:>8} {:>8} {:>7} {:>5} {:>7} {:>5}\n",
         "node",
         "model",
         "total_s",
         "wait",
+        "node_w",
         "load",
         "prefill",
         "decode",
@@ -196,11 +197,12 @@ fn completion_header() -> String {
 
 fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
     format!(
-        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>5.2} {:>7.2} {:>4}{}\n",
+        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>5.2} {:>7.2} {:>4}{}\n",
         node,
         model,
         p.total_s,
         p.wait_s,
+        p.node_wait_s,
         p.load_s,
         p.prefill_s,
         p.decode_s,

@@ -266,11 +266,14 @@ impl PairRates {
     }
 }
 
-/// Every pair's rates, as written to `<state_dir>/rates.json`, keyed `node/model`.
+/// Every pair's rates, as written to `<state_dir>/rates.json`, keyed `node/model`; and per
+/// node id what its answers said of its seats (`sharing`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RatesStore {
     pub version: u32,
     pub pairs: BTreeMap<String, PairRates>,
+    #[serde(default)]
+    pub seats: BTreeMap<String, super::SeatSharing>,
 }
 
 impl RatesStore {
@@ -588,10 +591,23 @@ mod tests {
             ..RatesStore::default()
         };
         store.pairs.insert(RatesStore::key("a", "m"), p.clone());
+        let mut shared = super::super::SeatSharing::default();
+        for t in 0..3 {
+            shared.observe(0.5, 0.5, t * 100);
+        }
+        assert!(shared.shared());
+        store.seats.insert("a".into(), shared);
         store.save(&dir).unwrap();
         assert!(!dir.join("rates.json.tmp").exists());
         let back = RatesStore::load(&dir).unwrap();
         assert_eq!(back.pairs["a/m"].rates(), p.rates());
+        assert!(
+            back.seats["a"].shared(),
+            "what the node's answers said survives"
+        );
+        // A file written before seats were learned reads as none learned.
+        std::fs::write(dir.join(STATE_FILE), r#"{"version":1,"pairs":{}}"#).unwrap();
+        assert!(RatesStore::load(&dir).unwrap().seats.is_empty());
         std::fs::write(dir.join(STATE_FILE), "{").unwrap();
         assert!(RatesStore::load(&dir).is_err());
         let _ = std::fs::remove_dir_all(&dir);

@@ -5,6 +5,8 @@
 //! long as routing predicted a node-wide seat would take to free, with its own it started at
 //! once. Until the answers say so, the seats are each model's own.
 
+use serde::{Deserialize, Serialize};
+
 use super::decay::alpha;
 
 /// Answers that must have tested the node before it is taken to share its seats.
@@ -15,7 +17,7 @@ const SHARED_AT: f64 = 0.5;
 
 /// Time-decayed sums of a line through the origin: what the answers waited past their own
 /// prediction against the node-wide wait predicted for them.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SeatSharing {
     sxy: f64,
     sxx: f64,

@@ -198,6 +198,10 @@ impl Fleet {
         };
         let configs = self.configs.load();
         for (cfg, st) in configs.iter().zip(self.nodes.load().iter()) {
+            let sharing = *st.seat_sharing.lock();
+            if sharing != super::SeatSharing::default() {
+                store.seats.insert(cfg.id.clone(), sharing);
+            }
             for (model, c) in st.all_counters() {
                 let rates = c.rates.lock().clone();
                 if rates != super::PairRates::default() {
@@ -213,7 +217,7 @@ impl Fleet {
     /// Write `rates.json` atomically (when some pair has been observed).
     pub fn save_rates(&self, dir: &Path) -> Result<usize, super::StoreError> {
         let store = self.rates_store();
-        if store.pairs.is_empty() {
+        if store.pairs.is_empty() && store.seats.is_empty() {
             return Ok(0);
         }
         store.save(dir)?;
@@ -235,6 +239,11 @@ impl Fleet {
             let Some(i) = self.index_of(id) else { continue };
             *self.node(i).counters(model).rates.lock() = rates;
             n += 1;
+        }
+        for (id, sharing) in store.seats {
+            if let Some(i) = self.index_of(&id) {
+                *self.node(i).seat_sharing.lock() = sharing;
+            }
         }
         Ok(n)
     }
