@@ -30,7 +30,9 @@
 //! `FLEETGATE_BENCH_CLIENT=openai` sends OpenAI chat completions (streamed) instead of Ollama
 //! `/api/chat` streams, `=openai-whole` OpenAI replies whole (no node timings, no TTFT);
 //! `FLEETGATE_BENCH_STRETCH=10` runs every scenario 10x slower (life's pace, see
-//! `Scenario::stretch`).
+//! `Scenario::stretch`); `FLEETGATE_BENCH_BACKEND=openai` configures every node as `backend:
+//! openai` with nothing but its URL (no seats, no memory: a user in front of vLLM, SGLang or
+//! llama.cpp servers).
 
 mod common;
 #[path = "placement/drive.rs"]

@@ -128,3 +128,120 @@ fn a_node_whose_models_each_have_their_seats_keeps_them() {
         assert_eq!((in_flight, queued), (4, 0), "two of each model at once");
     });
 }
+
+/// A node whose seats nobody said (`backend: openai`, no `capacity`: a batching server's 64
+/// are assumed) that runs two at once.
+const TWO_AT_ONCE: &str = "seats: 2\ntokens_per_sec: 100\nttft_ms: 100\nmemory_gb: 64\nreply_tokens: 30\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n";
+
+fn spawn_stream(gw: &Gateway) -> tokio::task::JoinHandle<String> {
+    let body: Value = json!({"model": "a:1b", "stream": true, "max_tokens": 30,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let url = gw.url("/v1/chat/completions");
+    tokio::spawn(async move {
+        let r = client().post(url).json(&body).send().await.expect("send");
+        assert_eq!(r.status(), 200);
+        r.text().await.expect("the whole stream")
+    })
+}
+
+async fn node_status(gw: &Gateway) -> Value {
+    admin_json(gw, "/fleet/status").await["nodes"][0].clone()
+}
+
+/// Three answers alone, then rounds of four streams sent one after the other: as many as the
+/// node runs at once decode together, the rest wait inside it. Until `/fleet/status` says
+/// where the seats came from is `learned`, at most `rounds` rounds.
+async fn rounds_of_four_streams(gw: &Gateway, ctl: &SimControl, rounds: usize) {
+    for _ in 0..3 {
+        assert!(spawn_stream(gw).await.unwrap().contains("[DONE]"));
+    }
+    for _ in 0..rounds {
+        if node_status(gw).await["seats_from"] == "learned" {
+            break;
+        }
+        let mut reqs = Vec::new();
+        for i in 0..4 {
+            reqs.push(spawn_stream(gw));
+            eventually("the node has it", || async {
+                let s = ctl.stats();
+                (s.in_flight + s.queued) as usize == i + 1
+            })
+            .await;
+        }
+        for r in reqs {
+            assert!(r.await.unwrap().contains("[DONE]"));
+        }
+    }
+}
+
+/// In front of a server that runs two at once, the gateway assumes a batching server's 64
+/// seats until the streams sent while two decoded waited inside the node as long as two seats
+/// predict: then the node's seats are the two it was seen to run (`/fleet/status`
+/// `seats_from: learned`), and with six sent at once two run and four wait in the gateway,
+/// where they could still go elsewhere.
+#[test]
+fn a_node_whose_seats_nobody_said_is_found_to_run_the_streams_it_ran_at_once() {
+    let rt = runtime();
+    let node_sim = sim(&rt, TWO_AT_ONCE);
+    let gw = Gateway::start(&fleet(&[format!(
+        "    - id: llama\n      url: http://{}\n      backend: openai\n",
+        node_sim.addr()
+    )]));
+    let ctl = node_sim.control();
+    rt.block_on(async {
+        let st = node_status(&gw).await;
+        assert_eq!(
+            (st["seats"].as_u64(), st["seats_from"].as_str()),
+            (Some(64), Some("default_batching")),
+            "{st}"
+        );
+        rounds_of_four_streams(&gw, &ctl, 8).await;
+        let st = node_status(&gw).await;
+        assert_eq!(
+            (st["seats"].as_u64(), st["seats_from"].as_str()),
+            (Some(2), Some("learned")),
+            "{st}"
+        );
+        assert_eq!(st["seats_seen"], 2);
+        ctl.hold_first_token(true);
+        let reqs: Vec<_> = (0..6).map(|_| spawn_stream(&gw)).collect();
+        ctl.wait_parked(2).await;
+        eventually("four waiting in the gateway", || async {
+            waiting(&gw).await == 4
+        })
+        .await;
+        let s = ctl.stats();
+        assert_eq!(
+            (s.in_flight, s.queued),
+            (2, 0),
+            "two run, the rest wait here"
+        );
+        ctl.release();
+        for r in reqs {
+            assert!(r.await.unwrap().contains("[DONE]"));
+        }
+    });
+}
+
+/// A server that runs all four at once is never held to fewer: the streams sent while fewer
+/// decoded came when their own prediction said, and more decoded at once each round.
+#[test]
+fn a_node_that_runs_every_stream_it_is_sent_keeps_the_batching_default() {
+    let rt = runtime();
+    let node_sim = sim(&rt, &TWO_AT_ONCE.replace("seats: 2", "seats: 8"));
+    let gw = Gateway::start(&fleet(&[format!(
+        "    - id: vllm\n      url: http://{}\n      backend: openai\n",
+        node_sim.addr()
+    )]));
+    let ctl = node_sim.control();
+    rt.block_on(async {
+        rounds_of_four_streams(&gw, &ctl, 4).await;
+        let st = node_status(&gw).await;
+        assert_eq!(
+            (st["seats"].as_u64(), st["seats_from"].as_str()),
+            (Some(64), Some("default_batching")),
+            "{st}"
+        );
+        assert!(st["seats_seen"].as_u64() >= Some(3), "{st}");
+    });
+}

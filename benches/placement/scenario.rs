@@ -227,7 +227,8 @@ impl Mode {
 }
 
 /// The gateway config for the running fleet: per node only its URL, `backend: ollama`, seats
-/// and memory (what a user knows); models, windows, speeds and what is loaded fleetgate must
+/// and memory (what a user knows; with `FLEETGATE_BENCH_BACKEND=openai`, only its URL and
+/// `backend: openai`, as for a vLLM, SGLang or llama.cpp server); models, windows, speeds and what is loaded fleetgate must
 /// find out itself. The scenarios run ~10x faster than life, so the two timers a user would
 /// tune to their fleet are scaled like it: health polls every 500 ms (default 5 s), a request
 /// no node can take now waits at most 3 s (default 30 s), a queued one 30 s (default 300 s).
@@ -257,14 +258,27 @@ pub fn gateway_yaml(
         }
     }
     y += "fleet:\n  nodes:\n";
+    let openai = matches!(
+        std::env::var("FLEETGATE_BENCH_BACKEND").as_deref(),
+        Ok("openai")
+    );
     for (n, s) in nodes.iter().zip(sims) {
-        y += &format!(
-            "    - id: {}\n      url: http://{}\n      backend: ollama\n      capacity: {}\n      memory_gb: {}\n",
-            n.id,
-            s.addr(),
-            n.spec.seats,
-            n.spec.memory_gb
-        );
+        y += &if openai {
+            // A user who fronts OpenAI-compatible servers and knows only their URLs.
+            format!(
+                "    - id: {}\n      url: http://{}\n      backend: openai\n",
+                n.id,
+                s.addr()
+            )
+        } else {
+            format!(
+                "    - id: {}\n      url: http://{}\n      backend: ollama\n      capacity: {}\n      memory_gb: {}\n",
+                n.id,
+                s.addr(),
+                n.spec.seats,
+                n.spec.memory_gb
+            )
+        };
     }
     y
 }

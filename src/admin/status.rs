@@ -36,8 +36,11 @@ pub struct NodeStatus {
     pub seats: u32,
     /// Where `seats` came from: `config`, `backend` (llama.cpp `/props` total_slots),
     /// `default_batching` (an OpenAI-compatible / vLLM server that reports none), `memory`
-    /// (derived from free memory), `one_at_a_time` (nothing known).
+    /// (derived from free memory), `one_at_a_time` (nothing known), `learned` (nobody said;
+    /// answers showed it runs no more than `seats_seen` at once).
     pub seats_from: &'static str,
+    /// The most streams seen decoding on the node at once.
+    pub seats_seen: u32,
     /// The node's models share its seats (learned from answers sent while they were all
     /// taken): no more than `seats` are sent to it at once, across its models.
     pub seats_shared: bool,
@@ -121,14 +124,18 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                 control: *st.control.lock(),
                 breaker: breaker_status(&st.breaker.lock(), now),
                 seats: n.seats,
-                seats_from: crate::queue::seats::known(cfg.seats, live.seats, cfg.backend)
-                    .map_or_else(
+                seats_from: if n.seats_assumed && n.seats_shared {
+                    "learned"
+                } else {
+                    crate::queue::seats::known(cfg.seats, live.seats, cfg.backend).map_or_else(
                         || {
                             let mem = (n.memory_gb > 0.0).then_some(n.memory_gb);
                             crate::queue::seats::derived_source(n.free_memory_gb.or(mem))
                         },
                         |k| k.1,
-                    ),
+                    )
+                },
+                seats_seen: n.seats_seen,
                 seats_shared: n.seats_shared,
                 hard_cap: n.hard_cap,
                 in_flight: st.in_flight.load(Ordering::Relaxed),

@@ -38,7 +38,7 @@ pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
 pub use rates::{Observation, PairRates, RatesStore};
 pub use reload::ReloadReport;
-pub use sharing::SeatSharing;
+pub use sharing::{SeatBound, SeatSharing};
 pub use state::Control;
 use view::{next_due, node_view, ViewParams};
 
@@ -72,6 +72,9 @@ pub struct NodeState {
     pub learner: Mutex<Option<Learner>>,
     /// Whether its models share its seats (learned from answers).
     pub seat_sharing: Mutex<SeatSharing>,
+    /// A node whose seats nobody said: whether it runs no more than the most streams seen
+    /// decoding on it at once (`decoding.most()`), learned from answers the same way.
+    pub seat_bound: Mutex<SeatBound>,
 }
 
 impl NodeState {

@@ -54,9 +54,70 @@ impl SeatSharing {
     }
 }
 
+/// A node whose seats nobody said (no `capacity`, none reported: a batching server's default
+/// is assumed): whether it runs no more requests at once than the most it was seen to, from
+/// the answers of requests sent while it ran that many (`routing::SeatTest::bound`), the same
+/// line as [`SeatSharing`]. Answers tested against fewer than the count now seen say nothing
+/// of it (it ran more since): a higher count starts the line afresh.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SeatBound {
+    /// The count the answers on the line were tested against.
+    seats: u32,
+    line: SeatSharing,
+}
+
+impl SeatBound {
+    /// The node's seats, when answers showed it runs no more at once.
+    pub fn seats(&self) -> Option<u32> {
+        (self.seats > 0 && self.line.shared()).then_some(self.seats)
+    }
+
+    /// One answer of a request sent while the node ran `seats` at once; as
+    /// [`SeatSharing::observe`]. Returns whether the verdict changed.
+    pub fn observe(&mut self, seats: u32, wait_s: f64, waited_s: f64, now_ms: u64) -> bool {
+        if seats == 0 || seats < self.seats {
+            return false;
+        }
+        let before = self.seats();
+        if seats > self.seats {
+            *self = SeatBound {
+                seats,
+                line: SeatSharing::default(),
+            };
+        }
+        self.line.observe(wait_s, waited_s, now_ms);
+        self.seats() != before
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sent while the node ran one at once, answers that waited less than a single seat would
+    /// have made them (it has more) say nothing once it runs four: four answers that waited as
+    /// four seats predict make those its seats, whatever the earlier count's line said.
+    #[test]
+    fn a_node_runs_no_more_than_seen_once_answers_at_that_count_say_so() {
+        let mut b = SeatBound::default();
+        let mut t = 1_000;
+        for _ in 0..6 {
+            assert!(!b.observe(1, 2.0, 0.4, t));
+            t += 50;
+        }
+        assert_eq!(b.seats(), None, "one seat: refuted");
+        for (i, (predicted, waited)) in [(0.5, 0.45), (0.3, 0.35), (0.8, 0.7)]
+            .into_iter()
+            .enumerate()
+        {
+            let flipped = b.observe(4, predicted, waited, t);
+            assert_eq!(flipped, i == 2, "its seats from the third answer at four");
+            t += 50;
+        }
+        assert_eq!(b.seats(), Some(4));
+        assert!(!b.observe(3, 0.5, 0.0, t), "a count since surpassed");
+        assert_eq!(b.seats(), Some(4));
+    }
 
     /// Answers that waited about as long as the node-wide seat was predicted to take: shared,
     /// from the third on. Answers that came when their own prediction said: each model's own.

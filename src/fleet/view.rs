@@ -57,6 +57,16 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
     view.seats_shared = st.seat_sharing.lock().shared();
+    view.seats_seen = st.decoding.most();
+    view.seats_assumed = seats_assumed(cfg, &live);
+    // A node whose seats nobody said, found to run no more than it was seen to at once: those
+    // are its seats, the node's (the count is across its models).
+    let bound = st.seat_bound.lock().seats().filter(|_| view.seats_assumed);
+    if let Some(seats) = bound {
+        view.seats = seats.min(view.seats);
+        view.hard_cap = cfg.hard_cap.unwrap_or(view.seats * 4).max(view.seats);
+        view.seats_shared = true;
+    }
     if let Some(hb) = agent.fresh(now, p.miss_ms) {
         view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
         view.pressure = hb.pressure;
@@ -73,6 +83,13 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
             .map_or_else(|| Learner::default().output(now), |l| l.output(now))
     });
     view
+}
+
+/// Nobody said how many seats the node has: neither its config nor its backend (a batching
+/// server's default is assumed, `queue::seats::DEFAULT_BATCHING_SEATS`).
+pub(super) fn seats_assumed(cfg: &NodeConfig, live: &NodeLive) -> bool {
+    crate::queue::seats::known(cfg.seats, live.seats, cfg.backend)
+        .is_some_and(|(_, from)| from == "default_batching")
 }
 
 /// The model list and static facts (config + last poll).

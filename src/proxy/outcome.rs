@@ -210,25 +210,43 @@ fn learn(
         };
         log::debug!(
             target: "fleetgate::learn",
-            "{} {}: sent to the full node, {waited:.3} s later than predicted ({:.3} s were the seats shared)",
+            "{} {}: sent to the full node, {waited:.3} s later than predicted ({:.3} s were its {} seats {})",
             c.node_id,
             c.model,
-            t.shared_wait_s
+            t.shared_wait_s,
+            t.seats,
+            if t.bound { "all it was seen to run at once" } else { "shared" }
         );
-        let flipped = node
-            .seat_sharing
-            .lock()
-            .observe(t.shared_wait_s, waited, now);
+        // A node whose seats nobody said: whether it runs no more than it was seen to at once.
+        let flipped = if t.bound {
+            node.seat_bound
+                .lock()
+                .observe(t.seats, t.shared_wait_s, waited, now)
+        } else {
+            node.seat_sharing
+                .lock()
+                .observe(t.shared_wait_s, waited, now)
+        };
         if flipped {
-            log::info!(
-                "node {}: its models {} its seats (answers sent while they were all taken)",
-                c.node_id,
-                if node.seat_sharing.lock().shared() {
-                    "share"
-                } else {
-                    "do not share"
-                }
-            );
+            if t.bound {
+                let seats = node.seat_bound.lock().seats();
+                log::info!(
+                    "node {}: {} (answers sent while it ran {} at once)",
+                    c.node_id,
+                    match seats {
+                        Some(_) => "runs no more requests at once than that: its seats",
+                        None => "runs more requests at once than seen",
+                    },
+                    t.seats
+                );
+            } else {
+                let yes = node.seat_sharing.lock().shared();
+                log::info!(
+                    "node {}: its models {} its seats (answers sent while they were all taken)",
+                    c.node_id,
+                    if yes { "share" } else { "do not share" }
+                );
+            }
             fleet.publish();
         }
     }

@@ -17,6 +17,8 @@ pub struct DecodeClock(Mutex<Clock>);
 #[derive(Debug, Default)]
 struct Clock {
     streams: u32,
+    /// The most streams that ever decoded at once: as many seats as the node surely has.
+    most: u32,
     /// Stream-milliseconds decoded since the clock began.
     area: u64,
     at_ms: u64,
@@ -38,15 +40,19 @@ pub struct Mark {
 }
 
 impl DecodeClock {
-    /// A request's first byte: it decodes from now.
-    pub fn enter(&self, now_ms: u64) -> Mark {
+    /// A request's first byte: it decodes from now. True when more streams decode at once
+    /// than ever before.
+    pub fn enter(&self, now_ms: u64) -> (Mark, bool) {
         let mut c = self.0.lock();
         c.advance(now_ms);
         c.streams += 1;
-        Mark {
+        let most = c.streams > c.most;
+        c.most = c.most.max(c.streams);
+        let mark = Mark {
             area: c.area,
             at_ms: c.at_ms,
-        }
+        };
+        (mark, most)
     }
 
     /// The request ended. Returns the mean number of streams that decoded while it did, itself
@@ -64,6 +70,12 @@ impl DecodeClock {
     pub fn streams(&self) -> u32 {
         self.0.lock().streams
     }
+
+    /// The most streams seen decoding at once since the gateway started: a node runs at least
+    /// that many requests at once (`fleet::sharing`, a node whose seats nobody said).
+    pub fn most(&self) -> u32 {
+        self.0.lock().most
+    }
 }
 
 /// Decodes shorter than this teach nothing about concurrency (the clock reads milliseconds).
@@ -76,26 +88,27 @@ mod tests {
     #[test]
     fn a_stream_learns_the_mean_count_over_its_own_decode() {
         let c = DecodeClock::default();
-        let a = c.enter(1_000);
+        let a = c.enter(1_000).0;
         // b decodes beside a from 1,100 to 1,200; x from 1,200 to 1,400.
-        let b = c.enter(1_100);
+        let b = c.enter(1_100).0;
         assert_eq!(c.streams(), 2);
-        let x = c.enter(1_200);
+        let x = c.enter(1_200).0;
         assert_eq!(c.streams(), 3);
         assert_eq!(c.leave(b, 1_200), Some(2.0), "b: its 100 ms beside a");
         assert_eq!(c.leave(x, 1_400), Some(2.0));
         // a: 100 ms alone, 100 beside b, 200 beside x: 700 stream-ms over 400.
         assert_eq!(c.leave(a, 1_400), Some(1.75));
         assert_eq!(c.streams(), 0);
+        assert_eq!(c.most(), 3, "a, b and x decoded at once");
     }
 
     #[test]
     fn a_reply_in_one_piece_teaches_no_count_and_a_clock_going_back_does_not_underflow() {
         let c = DecodeClock::default();
-        let a = c.enter(5_000);
+        let a = c.enter(5_000).0;
         assert_eq!(c.leave(a, 5_002), None);
-        let b = c.enter(6_000);
-        let late = c.enter(5_900);
+        let b = c.enter(6_000).0;
+        let late = c.enter(5_900).0;
         assert_eq!(c.leave(late, 5_950), None);
         assert_eq!(c.leave(b, 6_100), Some(1.0));
     }

@@ -86,7 +86,9 @@ pub struct Prediction {
     /// one of the node's running requests, whatever their model, to end.
     pub node_wait_s: f64,
     /// What that wait would be if the seats were shared, whether or not they are believed to
-    /// be (0 while the node has a seat free): what the node's answers are tested against.
+    /// be (0 while the node has a seat free): what the node's answers are tested against. On a
+    /// node whose seats nobody said, were they only as many as it was seen to run at once
+    /// (`NodeView::seats_seen`).
     #[serde(skip)]
     pub shared_wait_s: f64,
     /// Streams decoding on the node while this one does.
@@ -495,6 +497,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         0 => 0.0,
         cap if cap <= seats => shared_wait_s,
         cap => node_wait(cap),
+    };
+    // A node whose seats nobody said is tested against as many as it was seen to run.
+    let shared_wait_s = match super::decide::test_seats(x.node) {
+        t if t < seats => node_wait(t),
+        _ => shared_wait_s,
     };
     let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
     let wait_s = (seat_wait_s + node_wait_s).max(prefill_queue_tokens / prefill_tps);

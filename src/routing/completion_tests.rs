@@ -937,3 +937,50 @@ fn a_node_whose_models_share_its_seats_is_full_for_every_model() {
     assert_eq!(d.winner().unwrap().node_id, "workstation");
     assert!(d.ranked[0].seat_test.is_none());
 }
+
+/// A node whose seats nobody said (a batching server's 64 assumed) that was seen to run two at
+/// once: with two running, a request sent to it is predicted to start at once (64 seats) and
+/// carries a test of the seats seen, the wait for the first of the two to end. Found to run
+/// no more than those two (the view then holds 2 seats, shared by its models), it is full.
+#[test]
+fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once() {
+    let mut vllm = node("vllm", vec![loaded("a", 4.0)]);
+    vllm.seats = 64;
+    vllm.hard_cap = 256;
+    vllm.seats_assumed = true;
+    vllm.seats_seen = 2;
+    let mut f = fleet(vec![vllm, node("other", vec![loaded("a", 4.0)])]);
+    f.nodes[1].seats = 2;
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "a", queue(2, 0))
+        .ending(0, "a", &[3.0, 5.0]);
+    let r = req(&["a"], 100);
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 0.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "vllm");
+    let test = d.ranked[0]
+        .seat_test
+        .expect("past the streams seen: a test");
+    assert!(test.bound && test.seats == 2, "{test:?}");
+    assert_near(test.shared_wait_s, 3.0, &p);
+
+    // One running: under the streams seen, no test.
+    let one = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "a", queue(1, 0))
+        .ending(0, "a", &[3.0]);
+    assert!(at(&r, &f, &one).ranked[0].seat_test.is_none());
+
+    f.nodes[0].seats = 2;
+    f.nodes[0].hard_cap = 8;
+    f.nodes[0].seats_shared = true;
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 3.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "other", "{p:?}");
+    assert!(d.ranked.iter().all(|c| c.seat_test.is_none()));
+}

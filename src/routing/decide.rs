@@ -422,7 +422,7 @@ fn node_seats(
     out: &mut Vec<f64>,
 ) -> ModelLoad {
     out.clear();
-    if node_in_flight < node.seats.max(1) {
+    if node_in_flight < test_seats(node) {
         return ModelLoad::default();
     }
     let mut pending = 0u32;
@@ -440,10 +440,22 @@ fn node_seats(
     }
 }
 
+/// The node-wide seats a request sent now is tested against: its seats, or, when nobody said
+/// how many it has, as many as it was seen to run at once (at least one).
+pub(super) fn test_seats(node: &super::types::NodeView) -> u32 {
+    if node.seats_assumed && !node.seats_shared {
+        node.seats_seen.clamp(1, node.seats.max(1))
+    } else {
+        node.seats.max(1)
+    }
+}
+
 /// A warm pair predicted from observed rates, sent at once (no request ahead for its own
-/// seats, the node under its ceiling) to a node whose seats were all taken: its answer tells
-/// whether it waited inside. Never on a node already taken to share them (it is not sent past
-/// them).
+/// seats, the node under its ceiling) to a node whose seats were all taken (`test_seats`):
+/// its answer tells whether it waited inside. Never on a node already taken to share them (it
+/// is not sent past them). The wait predicted for the prompts ahead in the node's prefill
+/// queue (the only wait left in `wait_s`) is expected either way: the answer is held against
+/// the seat's wait past it.
 fn seat_test(
     p: &super::completion::Prediction,
     node: &super::types::NodeView,
@@ -451,9 +463,11 @@ fn seat_test(
 ) -> Option<SeatTest> {
     let at_once = p.ahead == 0 && p.node_wait_s == 0.0;
     let test = SeatTest {
-        first_s: p.prefill_s,
+        first_s: p.wait_s + p.prefill_s,
         decode_s: p.decode_s,
-        shared_wait_s: p.shared_wait_s,
+        shared_wait_s: p.shared_wait_s - p.wait_s,
+        bound: node.seats_assumed,
+        seats: test_seats(node),
     };
     let finite = test.first_s.is_finite() && test.decode_s.is_finite();
     let full = test.shared_wait_s.is_finite() && test.shared_wait_s > 0.0;

@@ -150,6 +150,12 @@ pub struct NodeView {
     /// single queue keeps), not each model's own (Ollama's `OLLAMA_NUM_PARALLEL`): learned
     /// from the requests sent while they were all taken (`fleet::sharing`).
     pub seats_shared: bool,
+    /// Nobody said how many seats it has (no `capacity`, the backend reports none): a batching
+    /// server's default is assumed until answers show it runs no more than `seats_seen` at
+    /// once (`fleet::sharing`); then those are its seats, shared by its models.
+    pub seats_assumed: bool,
+    /// The most streams the gateway has seen it decode at once.
+    pub seats_seen: u32,
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
@@ -512,6 +518,10 @@ pub struct SeatTest {
     pub first_s: f64,
     pub decode_s: f64,
     pub shared_wait_s: f64,
+    /// Of a node whose seats nobody said: `shared_wait_s` is the wait were its seats only the
+    /// `seats` it was seen to run at once (`NodeView::seats_seen`).
+    pub bound: bool,
+    pub seats: u32,
 }
 
 /// Why nothing was chosen; maps to the client-visible error.
