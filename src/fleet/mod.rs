@@ -39,6 +39,10 @@ pub use presence::{effective_health, AdminControl, HealthInputs};
 pub use rates::{Observation, PairRates, RatesStore};
 pub use reload::ReloadReport;
 pub use sharing::{SeatBound, SeatSharing};
+
+/// How often a node whose seats were learned is sent one request past them
+/// (`NodeState::probe_due`).
+pub const PROBE_EVERY_MS: u64 = 30_000;
 pub use state::Control;
 use view::{next_due, node_view, ViewParams};
 
@@ -63,6 +67,11 @@ pub struct NodeState {
     /// not inside the node. Unlike the hard cap, a node at this ceiling is queued for, not
     /// passed over.
     shared_seats: AtomicU32,
+    /// Its seats were learned (nobody said how many: `fleet::sharing::SeatBound`): one request
+    /// past them is let through every `PROBE_EVERY_MS`, so a wrong verdict, or a server
+    /// restarted with more, shows (more decode at once and the count is tested afresh).
+    seats_learned: std::sync::atomic::AtomicBool,
+    probed_ms: std::sync::atomic::AtomicU64,
     models: RwLock<HashMap<String, Arc<ModelCounters>>>,
     pub live: Mutex<NodeLive>,
     pub agent: Mutex<AgentState>,
@@ -105,6 +114,37 @@ impl NodeState {
     /// The node's models share `seats` (0: they do not).
     pub fn set_shared_seats(&self, seats: u32) {
         self.shared_seats.store(seats, Ordering::Relaxed);
+    }
+
+    /// Its seats are learned ones (`seats_learned`).
+    pub fn set_seats_learned(&self, learned: bool) {
+        if learned && !self.seats_learned.swap(learned, Ordering::Relaxed) {
+            // The first probe a whole period after the verdict.
+            self.probed_ms
+                .store(crate::services::now_ms(), Ordering::Relaxed);
+        } else if !learned {
+            self.seats_learned.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A request may go past the learned seats now (one every `PROBE_EVERY_MS`): claims the
+    /// turn when it does.
+    pub fn probe_due(&self, now_ms: u64) -> bool {
+        if !self.seats_learned.load(Ordering::Relaxed) {
+            return false;
+        }
+        let last = self.probed_ms.load(Ordering::Relaxed);
+        now_ms.saturating_sub(last) >= PROBE_EVERY_MS
+            && self
+                .probed_ms
+                .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Tests: a probe is due now.
+    #[cfg(test)]
+    pub fn probe_now(&self) {
+        self.probed_ms.store(0, Ordering::Relaxed);
     }
 
     /// Most requests sent to the node at once: its hard cap, and its seats when its models
@@ -494,6 +534,7 @@ impl Fleet {
             .or((view.memory_gb > 0.0).then_some(view.memory_gb - held));
         st.set_hard_cap(view.hard_cap);
         st.set_shared_seats(if view.seats_shared { view.seats } else { 0 });
+        st.set_seats_learned(view.seats_assumed && view.seats_shared);
         for m in &view.models {
             let model_gb = m.resident_gb.unwrap_or(m.size_gb);
             let extra = if m.loaded { model_gb } else { 0.0 };

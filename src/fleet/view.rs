@@ -61,7 +61,13 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     view.seats_assumed = seats_assumed(cfg, &live);
     // A node whose seats nobody said, found to run no more than it was seen to at once: those
     // are its seats, the node's (the count is across its models).
-    let bound = st.seat_bound.lock().seats().filter(|_| view.seats_assumed);
+    // Once it runs more at once (a request let past them, `NodeState::probe_due`), they are
+    // tested afresh.
+    let bound = st
+        .seat_bound
+        .lock()
+        .seats()
+        .filter(|s| view.seats_assumed && view.seats_seen <= *s);
     if let Some(seats) = bound {
         view.seats = seats.min(view.seats);
         view.hard_cap = cfg.hard_cap.unwrap_or(view.seats * 4).max(view.seats);

@@ -67,7 +67,8 @@ impl Drop for Lease {
 }
 
 /// Take a seat if node:model has one free and the node is under its ceiling (its hard cap, or
-/// its seats when its models share them, `NodeState::ceiling`). Called with
+/// its seats when its models share them, `NodeState::ceiling`; learned seats are probed past
+/// now and then). Called with
 /// node:model's waiters lock held, which serialises the per-model check; the node count is
 /// shared by all its models, so it is claimed with a compare-and-swap: never over the cap.
 fn reserve(node_state: &NodeState, counters: &ModelCounters) -> bool {
@@ -75,10 +76,14 @@ fn reserve(node_state: &NodeState, counters: &ModelCounters) -> bool {
         return false;
     }
     let cap = node_state.ceiling();
+    // At learned seats, one past them now and then (`NodeState::probe_due`), under the hard cap.
     let claimed = node_state
         .in_flight
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < cap).then_some(n + 1)
+            let past = n == cap
+                && n < node_state.hard_cap()
+                && node_state.probe_due(crate::services::now_ms());
+            (n < cap || past).then_some(n + 1)
         })
         .is_ok();
     if claimed {

@@ -116,6 +116,51 @@ async fn shared_seats_hold_across_models_and_go_to_the_longest_waiter() {
     drop(held);
 }
 
+/// Learned seats (nobody said how many) are probed: one request past them when a probe is
+/// due (every `PROBE_EVERY_MS`, the first that long after the verdict), no more; seats that
+/// models merely share are not.
+#[tokio::test]
+async fn learned_seats_let_one_request_past_them_now_and_then() {
+    let n = node(64, 8, &["a"]);
+    n.set_shared_seats(2);
+    n.set_seats_learned(true);
+    let held: Vec<Lease> = (0..2).map(|_| ready(acquire(0, &n, "a"))).collect();
+    let now = crate::services::now_ms();
+    assert!(!n.probe_due(now), "not right after the verdict");
+    let mut w = waiting(acquire(0, &n, "a"));
+    n.probe_now();
+    pump(0, &n);
+    let five = std::time::Duration::from_secs(5);
+    let probe = tokio::time::timeout(five, w.granted()).await;
+    let probe = probe
+        .ok()
+        .flatten()
+        .expect("the waiter goes past the seats");
+    assert_eq!(
+        n.in_flight.load(Ordering::Relaxed),
+        3,
+        "one past the two seats"
+    );
+    let _w2 = waiting(acquire(0, &n, "a"));
+    pump(0, &n);
+    assert_eq!(n.in_flight.load(Ordering::Relaxed), 3, "one probe a period");
+    assert!(!n.probe_due(now + crate::fleet::PROBE_EVERY_MS - 1));
+    assert!(n.probe_due(now + crate::fleet::PROBE_EVERY_MS));
+    drop((held, probe));
+
+    let shared = node(64, 8, &["a"]);
+    shared.set_shared_seats(2);
+    shared.probe_now();
+    let _held: Vec<Lease> = (0..2).map(|_| ready(acquire(0, &shared, "a"))).collect();
+    let _w3 = waiting(acquire(0, &shared, "a"));
+    pump(0, &shared);
+    assert_eq!(
+        shared.in_flight.load(Ordering::Relaxed),
+        2,
+        "shared seats: no probe"
+    );
+}
+
 #[test]
 fn the_hard_cap_is_never_exceeded_under_contention() {
     let n = node(64, 3, &["a", "b", "c", "d"]);
