@@ -267,13 +267,17 @@ impl PairRates {
 }
 
 /// Every pair's rates, as written to `<state_dir>/rates.json`, keyed `node/model`; and per
-/// node id what its answers said of its seats (`sharing`).
+/// node id what its answers said of its seats (`sharing`: shared by its models; `SeatBound`:
+/// how many, when nobody said).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RatesStore {
     pub version: u32,
     pub pairs: BTreeMap<String, PairRates>,
     #[serde(default)]
     pub seats: BTreeMap<String, super::SeatSharing>,
+    /// Per node id whose seats nobody said, what its answers said of them (`SeatBound`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seat_bounds: BTreeMap<String, super::SeatBound>,
 }
 
 impl RatesStore {
@@ -597,6 +601,11 @@ mod tests {
         }
         assert!(shared.shared());
         store.seats.insert("a".into(), shared);
+        let mut bound = super::super::SeatBound::default();
+        for t in 0..3 {
+            bound.observe(2, 0.5, 0.5, t * 100);
+        }
+        store.seat_bounds.insert("b".into(), bound);
         store.save(&dir).unwrap();
         assert!(!dir.join("rates.json.tmp").exists());
         let back = RatesStore::load(&dir).unwrap();
@@ -605,6 +614,7 @@ mod tests {
             back.seats["a"].shared(),
             "what the node's answers said survives"
         );
+        assert_eq!(back.seat_bounds["b"].seats(), Some(2));
         // A file written before seats were learned reads as none learned.
         std::fs::write(dir.join(STATE_FILE), r#"{"version":1,"pairs":{}}"#).unwrap();
         assert!(RatesStore::load(&dir).unwrap().seats.is_empty());

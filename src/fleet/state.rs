@@ -202,6 +202,10 @@ impl Fleet {
             if sharing != super::SeatSharing::default() {
                 store.seats.insert(cfg.id.clone(), sharing);
             }
+            let bound = *st.seat_bound.lock();
+            if bound != super::SeatBound::default() {
+                store.seat_bounds.insert(cfg.id.clone(), bound);
+            }
             for (model, c) in st.all_counters() {
                 let rates = c.rates.lock().clone();
                 if rates != super::PairRates::default() {
@@ -217,7 +221,7 @@ impl Fleet {
     /// Write `rates.json` atomically (when some pair has been observed).
     pub fn save_rates(&self, dir: &Path) -> Result<usize, super::StoreError> {
         let store = self.rates_store();
-        if store.pairs.is_empty() && store.seats.is_empty() {
+        if store.pairs.is_empty() && store.seats.is_empty() && store.seat_bounds.is_empty() {
             return Ok(0);
         }
         store.save(dir)?;
@@ -243,6 +247,11 @@ impl Fleet {
         for (id, sharing) in store.seats {
             if let Some(i) = self.index_of(&id) {
                 *self.node(i).seat_sharing.lock() = sharing;
+            }
+        }
+        for (id, bound) in store.seat_bounds {
+            if let Some(i) = self.index_of(&id) {
+                *self.node(i).seat_bound.lock() = bound;
             }
         }
         Ok(n)
