@@ -395,3 +395,86 @@ fn real_llamacpp_fleet() {
         started.elapsed()
     );
 }
+
+/// A real llama.cpp server with 2 slots put behind `backend: openai` with its URL only: the
+/// gateway assumes a batching server's 64 seats, then learns from the streams sent while two
+/// decoded, which waited in llama.cpp's own queue, that it runs 2 at once (`/fleet/status`
+/// `seats_from: learned`).
+#[test]
+fn real_llamacpp_behind_backend_openai_gets_its_slots_learned() {
+    let setup = match Setup::find() {
+        Ok(s) => s,
+        Err(why) => {
+            println!(
+                "SKIPPED real_llamacpp_behind_backend_openai: llama.cpp test install failed: {why}"
+            );
+            return;
+        }
+    };
+    let server = Server::start_all(
+        &setup,
+        &[ServerSpec {
+            ctx: 2048,
+            slots: 2,
+            sleep_idle_s: None,
+        }],
+    )
+    .remove(0);
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\n  poll_timeout_ms: 20000\nfleet:\n  nodes:\n    - id: llama\n      url: http://{}\n      backend: openai\n",
+        server.addr
+    ));
+    let rt = runtime();
+    let status = |gw: &Gateway| {
+        let url = gw.admin_url("/fleet/status");
+        async move { get_json(&url).await["nodes"][0].clone() }
+    };
+    let stream = |gw: &Gateway| {
+        let url = gw.url("/v1/chat/completions");
+        let body = json!({"model": MODEL, "stream": true, "max_tokens": 40,
+            "messages": [{"role": "user", "content": "Count from one to fifty in words."}]});
+        tokio::spawn(async move {
+            let r = post(&url, &body, &[]).await;
+            assert_eq!(r.status(), 200);
+            r.text().await.expect("the whole stream")
+        })
+    };
+    rt.block_on(async {
+        eventually("the model listed", || async {
+            let r = post(&gw.url("/v1/chat/completions"), &chat("hi", 2), &[]).await;
+            r.status() == 200
+        })
+        .await;
+        let st = status(&gw).await;
+        assert_eq!(st["seats_from"], "default_batching", "{st}");
+        for _ in 0..3 {
+            assert!(stream(&gw).await.unwrap().contains("[DONE]"));
+        }
+        let mut rounds = 0;
+        while status(&gw).await["seats_from"] != "learned" {
+            rounds += 1;
+            assert!(
+                rounds <= 10,
+                "not learned after 10 rounds: {}",
+                status(&gw).await
+            );
+            // Two decoding, then two more: what a steady arrival of requests makes.
+            let mut reqs: Vec<_> = (0..2).map(|_| stream(&gw)).collect();
+            eventually("two decoding", || async {
+                gw.fleet.node(0).decoding.streams() >= 2
+            })
+            .await;
+            reqs.extend((0..2).map(|_| stream(&gw)));
+            for r in reqs {
+                assert!(r.await.unwrap().contains("[DONE]"));
+            }
+        }
+        let st = status(&gw).await;
+        println!("learned after {rounds} rounds of 4: {st}");
+        assert_eq!(
+            (st["seats"].as_u64(), st["seats_seen"].as_u64()),
+            (Some(2), Some(2)),
+            "{st}"
+        );
+    });
+}

@@ -148,10 +148,10 @@ async fn node_status(gw: &Gateway) -> Value {
     admin_json(gw, "/fleet/status").await["nodes"][0].clone()
 }
 
-/// Three answers alone, then rounds of four streams sent one after the other: as many as the
-/// node runs at once decode together, the rest wait inside it. Until `/fleet/status` says
+/// Three answers alone, then rounds of four streams, the last two sent once the first two
+/// decode: as many as the node runs at once decode together, the rest wait inside it. Until `/fleet/status` says
 /// where the seats came from is `learned`, at most `rounds` rounds.
-async fn rounds_of_four_streams(gw: &Gateway, ctl: &SimControl, rounds: usize) {
+async fn rounds_of_four_streams(gw: &Gateway, rounds: usize) {
     for _ in 0..3 {
         assert!(spawn_stream(gw).await.unwrap().contains("[DONE]"));
     }
@@ -159,15 +159,13 @@ async fn rounds_of_four_streams(gw: &Gateway, ctl: &SimControl, rounds: usize) {
         if node_status(gw).await["seats_from"] == "learned" {
             break;
         }
-        let mut reqs = Vec::new();
-        for i in 0..4 {
-            reqs.push(spawn_stream(gw));
-            eventually("the node has it", || async {
-                let s = ctl.stats();
-                (s.in_flight + s.queued) as usize == i + 1
-            })
-            .await;
-        }
+        // Two sent, and once they decode two more: what a steady arrival makes.
+        let mut reqs: Vec<_> = (0..2).map(|_| spawn_stream(gw)).collect();
+        eventually("two decoding", || async {
+            gw.fleet.node(0).decoding.streams() >= 2
+        })
+        .await;
+        reqs.extend((0..2).map(|_| spawn_stream(gw)));
         for r in reqs {
             assert!(r.await.unwrap().contains("[DONE]"));
         }
@@ -195,7 +193,7 @@ fn a_node_whose_seats_nobody_said_is_found_to_run_the_streams_it_ran_at_once() {
             (Some(64), Some("default_batching")),
             "{st}"
         );
-        rounds_of_four_streams(&gw, &ctl, 8).await;
+        rounds_of_four_streams(&gw, 8).await;
         let st = node_status(&gw).await;
         assert_eq!(
             (st["seats"].as_u64(), st["seats_from"].as_str()),
@@ -233,9 +231,8 @@ fn a_node_that_runs_every_stream_it_is_sent_keeps_the_batching_default() {
         "    - id: vllm\n      url: http://{}\n      backend: openai\n",
         node_sim.addr()
     )]));
-    let ctl = node_sim.control();
     rt.block_on(async {
-        rounds_of_four_streams(&gw, &ctl, 4).await;
+        rounds_of_four_streams(&gw, 4).await;
         let st = node_status(&gw).await;
         assert_eq!(
             (st["seats"].as_u64(), st["seats_from"].as_str()),

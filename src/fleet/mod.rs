@@ -599,6 +599,13 @@ impl Loads for Fleet {
             .map_or(0, |n| n.in_flight.load(Ordering::Relaxed))
     }
 
+    fn node_decoding(&self, node: usize) -> u32 {
+        self.nodes
+            .load()
+            .get(node)
+            .map_or(0, |n| n.decoding.streams())
+    }
+
     fn node_prefilling(&self, node: usize) -> PrefillLoad {
         self.nodes
             .load()

@@ -93,6 +93,7 @@ pub struct Prediction {
     pub shared_wait_s: f64,
     /// Streams decoding on the node while this one does.
     pub concurrency: u32,
+
     /// Prompt tokens taken as cached on this node.
     pub cached_tokens: u32,
     /// Prompt tokens of earlier requests the node prefills before this one (in `wait_s`; 0

@@ -239,6 +239,11 @@ pub trait Loads {
     /// Requests in flight on the node across all its models.
     fn node_in_flight(&self, node: usize) -> u32;
     fn model(&self, node: usize, model: &str) -> ModelLoad;
+    /// Streams the node is decoding now (first token seen, not ended); by default every
+    /// request in flight.
+    fn node_decoding(&self, node: usize) -> u32 {
+        self.node_in_flight(node)
+    }
     /// Prompts sent to the node and not yet answered (its prefill queue).
     fn node_prefilling(&self, _node: usize) -> PrefillLoad {
         PrefillLoad::default()
