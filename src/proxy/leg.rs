@@ -328,13 +328,14 @@ impl Exchange<'_> {
     fn response_body(&mut self, body: &mut Option<bytes::Bytes>, end: bool) {
         if let Some(b) = body.as_ref() {
             let mut st = self.d.state.lock();
-            let mut most = false;
             if st.first_byte.is_none() && !b.is_empty() {
                 st.first_byte = Some(Instant::now());
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
                     let ahead = lease.first_byte(now);
-                    most = self.d.stream && lease.start_decoding(now);
+                    if self.d.stream {
+                        lease.start_decoding(now);
+                    }
                     st.prefill_ahead_s = ahead;
                 }
             }
@@ -345,11 +346,6 @@ impl Exchange<'_> {
                 if let Some(lease) = st.lease.as_ref() {
                     lease.streamed(st.observer.chunks(), now_ms());
                 }
-            }
-            drop(st);
-            if most {
-                // Routing tests a node whose seats nobody said against the most it ran at once.
-                self.fleet.publish();
             }
         }
         if let Some(x) = self.translator.as_mut() {

@@ -44,6 +44,17 @@ pub fn classify(
 /// Account the outcome of `d` (once per client request, from the client-facing leg).
 pub fn account(fleet: &Fleet, d: &Dispatch) {
     let c = d.choice();
+    // Its stream decoded beside more than the node was seen to run at once: routing tests a
+    // node whose seats nobody said against that count (`NodeView::seats_seen`).
+    let most = fleet.node(c.node).decoding.most();
+    if fleet
+        .view()
+        .nodes
+        .get(c.node)
+        .is_some_and(|n| most > n.seats_seen)
+    {
+        fleet.publish();
+    }
     let (status, upstream_error, unreachable, first_byte, observed, overflow) = {
         let mut st = d.state.lock();
         let overflow = matches!(st.upstream_status, Some(400 | 413))

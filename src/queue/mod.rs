@@ -144,16 +144,11 @@ impl Lease {
         self.node_state.prefill.leave(t, now_ms)
     }
 
-    /// The first byte of a streamed answer: the request decodes from now (`decoding`). True
-    /// when the node decodes more streams at once than it ever did (routing's view of it is
-    /// stale: `NodeView::seats_seen`).
-    pub fn start_decoding(&mut self, now_ms: u64) -> bool {
-        if self.decoding.is_some() {
-            return false;
+    /// The first byte of a streamed answer: the request decodes from now (`decoding`).
+    pub fn start_decoding(&mut self, now_ms: u64) {
+        if self.decoding.is_none() {
+            self.decoding = Some(self.node_state.decoding.enter(now_ms));
         }
-        let (mark, most) = self.node_state.decoding.enter(now_ms);
-        self.decoding = Some(mark);
-        most
     }
 
     /// The answer ended: the mean number of streams that decoded on the node while it did,
