@@ -67,6 +67,11 @@ pub struct Attempts {
     /// Mean streams decoding on the node while the current attempt's answer streamed, itself
     /// included (`queue::decoding`); set at its end.
     pub decode_streams: Option<f64>,
+    /// When the current attempt was sent (ms).
+    pub sent_ms: u64,
+    /// Seconds from its send to the last end of a stream on the node before its first byte
+    /// (`None`: none ended meanwhile): when it would have got a seat, had it waited for one.
+    pub seat_freed_s: Option<f64>,
     /// How long the load the current attempt waits for had been under way at its send (0: it
     /// started it, or the model was loaded).
     pub load_under_way_s: f64,
@@ -121,7 +126,9 @@ impl Dispatch {
     pub fn start_prefill(&self, st: &mut Attempts) {
         st.prefill_ahead_s = None;
         st.decode_streams = None;
+        st.seat_freed_s = None;
         let now_ms = crate::services::now_ms();
+        st.sent_ms = now_ms;
         let choice = &self.ranked[st.current];
         if let Some(lease) = st.lease.as_mut() {
             st.load_under_way_s = if choice.cold {

@@ -336,6 +336,9 @@ impl Exchange<'_> {
                     if self.d.stream {
                         lease.start_decoding(now);
                     }
+                    let freed = lease.node_last_end_ms();
+                    st.seat_freed_s =
+                        (freed > st.sent_ms).then(|| (freed - st.sent_ms) as f64 / 1000.0);
                     st.prefill_ahead_s = ahead;
                 }
             }

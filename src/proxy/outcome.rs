@@ -229,10 +229,14 @@ fn learn(
             if t.bound { "all it was seen to run at once" } else { "shared" }
         );
         // A node whose seats nobody said: whether it runs no more than it was seen to at once.
+        // Streamed, its wait is held against when a seat did free (a stream on the node
+        // ended after its send), not against the predicted ends, which a loaded server makes
+        // late; none freed before its first token: against the prediction (it did not wait).
         let flipped = if t.bound {
+            let freed = d.state.lock().seat_freed_s.filter(|_| o.ttft_s.is_some());
             node.seat_bound
                 .lock()
-                .observe(t.seats, t.shared_wait_s, waited, now)
+                .observe(t.seats, freed.unwrap_or(t.shared_wait_s), waited, now)
         } else {
             node.seat_sharing
                 .lock()

@@ -19,6 +19,8 @@ struct Clock {
     streams: u32,
     /// The most streams that ever decoded at once: as many seats as the node surely has.
     most: u32,
+    /// When a stream last ended.
+    last_end_ms: u64,
     /// Stream-milliseconds decoded since the clock began.
     area: u64,
     at_ms: u64,
@@ -58,6 +60,7 @@ impl DecodeClock {
         let mut c = self.0.lock();
         c.advance(now_ms);
         c.streams = c.streams.saturating_sub(1);
+        c.last_end_ms = c.last_end_ms.max(now_ms);
         let dt = c.at_ms.saturating_sub(m.at_ms);
         let mean = (dt >= MIN_MS).then(|| c.area.saturating_sub(m.area) as f64 / dt as f64);
         if let Some(n) = mean {
@@ -67,6 +70,11 @@ impl DecodeClock {
             c.most = c.most.max(n.round() as u32);
         }
         mean
+    }
+
+    /// When a stream on the node last ended (ms; 0: none yet).
+    pub fn last_end_ms(&self) -> u64 {
+        self.0.lock().last_end_ms
     }
 
     /// Streams decoding now.

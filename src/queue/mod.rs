@@ -144,6 +144,11 @@ impl Lease {
         self.node_state.prefill.leave(t, now_ms)
     }
 
+    /// When a stream on its node last ended (`DecodeClock::last_end_ms`).
+    pub fn node_last_end_ms(&self) -> u64 {
+        self.node_state.decoding.last_end_ms()
+    }
+
     /// The first byte of a streamed answer: the request decodes from now (`decoding`).
     pub fn start_decoding(&mut self, now_ms: u64) {
         if self.decoding.is_none() {
