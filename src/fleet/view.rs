@@ -60,9 +60,8 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     view.seats_seen = st.decoding.most();
     view.seats_assumed = seats_assumed(cfg, &live);
     // A node whose seats nobody said, found to run no more than it was seen to at once: those
-    // are its seats, the node's (the count is across its models).
-    // Once it runs more at once (a request let past them, `NodeState::probe_due`), they are
-    // tested afresh.
+    // are its seats, the node's (the count is across its models), until it is seen to run
+    // more (a request let past them, `NodeState::probe_due`): then they are tested afresh.
     let bound = st
         .seat_bound
         .lock()
