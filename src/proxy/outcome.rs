@@ -44,18 +44,7 @@ pub fn classify(
 /// Account the outcome of `d` (once per client request, from the client-facing leg).
 pub fn account(fleet: &Fleet, d: &Dispatch) {
     let c = d.choice();
-    // Its stream decoded beside more than the node was seen to run at once: routing tests a
-    // node whose seats nobody said against that count (`NodeView::seats_seen`).
-    let most = fleet.node(c.node).decoding.most();
-    if fleet
-        .view()
-        .nodes
-        .get(c.node)
-        .is_some_and(|n| most > n.seats_seen)
-    {
-        fleet.publish();
-    }
-    let (status, upstream_error, unreachable, first_byte, observed, overflow) = {
+    let (status, upstream_error, unreachable, first_byte, observed, overflow, streamed) = {
         let mut st = d.state.lock();
         let overflow = matches!(st.upstream_status, Some(400 | 413))
             .then(|| super::overflow::parse(st.observer.head()))
@@ -67,8 +56,22 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             st.first_byte,
             st.observer.finish(),
             overflow,
+            st.decode_streams.is_some(),
         )
     };
+    // Its stream decoded beside more than the node was seen to run at once: routing tests a
+    // node whose seats nobody said against that count (`NodeView::seats_seen`).
+    if streamed {
+        let most = fleet.node(c.node).decoding.most();
+        if fleet
+            .view()
+            .nodes
+            .get(c.node)
+            .is_some_and(|n| most > n.seats_seen)
+        {
+            fleet.publish();
+        }
+    }
     if let Some(o) = overflow {
         // The node counted the prompt itself: the estimate learns the real size.
         log::info!(

@@ -350,7 +350,7 @@ fn decide_once(
                 Verdict::Predicted { prediction: p } => (
                     Some(p.total_s),
                     (!p.from_priors).then_some(p.total_s - p.wait_s),
-                    seat_test(p, node, c.loaded, loads.node_decoding(c.node)),
+                    seat_test(p, node, c.loaded, || loads.node_decoding(c.node)),
                 ),
                 _ => (None, None, None),
             };
@@ -460,12 +460,13 @@ fn seat_test(
     p: &super::completion::Prediction,
     node: &super::types::NodeView,
     loaded: bool,
-    node_decoding: u32,
+    node_decoding: impl FnOnce() -> u32,
 ) -> Option<SeatTest> {
     let at_once = p.ahead == 0 && p.node_wait_s == 0.0;
     // Of the seats seen: only once that many decode (they have their seats: sent at once,
     // this one could reach the node first and take one of theirs).
-    let seen_running = !node.seats_assumed || node_decoding >= test_seats(node);
+    // (Read only for such a node: a lock on the node's clock.)
+    let seen_running = !node.seats_assumed || node_decoding() >= test_seats(node);
     let test = SeatTest {
         first_s: p.wait_s + p.prefill_s,
         decode_s: p.decode_s,
