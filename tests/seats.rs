@@ -148,6 +148,19 @@ async fn node_status(gw: &Gateway) -> Value {
     admin_json(gw, "/fleet/status").await["nodes"][0].clone()
 }
 
+/// A gateway over one node known by its URL only (`backend: openai`, no `capacity`).
+fn behind_openai(id: &str, node: &fleetgate::sim::SimHandle) -> Gateway {
+    Gateway::start(&fleet(&[format!(
+        "    - id: {id}\n      url: http://{}\n      backend: openai\n",
+        node.addr()
+    )]))
+}
+
+/// `/fleet/status`'s seats of the node and where they came from.
+fn seats_of(st: &Value) -> (Option<u64>, Option<&str>) {
+    (st["seats"].as_u64(), st["seats_from"].as_str())
+}
+
 /// Three answers alone, then rounds of four streams, the last two sent once the first two
 /// decode: as many as the node runs at once decode together, the rest wait inside it. Until `/fleet/status` says
 /// where the seats came from is `learned`, at most `rounds` rounds.
@@ -181,25 +194,14 @@ async fn rounds_of_four_streams(gw: &Gateway, rounds: usize) {
 fn a_node_whose_seats_nobody_said_is_found_to_run_the_streams_it_ran_at_once() {
     let rt = runtime();
     let node_sim = sim(&rt, TWO_AT_ONCE);
-    let gw = Gateway::start(&fleet(&[format!(
-        "    - id: llama\n      url: http://{}\n      backend: openai\n",
-        node_sim.addr()
-    )]));
+    let gw = behind_openai("llama", &node_sim);
     let ctl = node_sim.control();
     rt.block_on(async {
         let st = node_status(&gw).await;
-        assert_eq!(
-            (st["seats"].as_u64(), st["seats_from"].as_str()),
-            (Some(64), Some("default_batching")),
-            "{st}"
-        );
+        assert_eq!(seats_of(&st), (Some(64), Some("default_batching")), "{st}");
         rounds_of_four_streams(&gw, 8).await;
         let st = node_status(&gw).await;
-        assert_eq!(
-            (st["seats"].as_u64(), st["seats_from"].as_str()),
-            (Some(2), Some("learned")),
-            "{st}"
-        );
+        assert_eq!(seats_of(&st), (Some(2), Some("learned")), "{st}");
         assert_eq!(st["seats_seen"], 2);
         ctl.hold_first_token(true);
         let reqs: Vec<_> = (0..6).map(|_| spawn_stream(&gw)).collect();
@@ -227,18 +229,11 @@ fn a_node_whose_seats_nobody_said_is_found_to_run_the_streams_it_ran_at_once() {
 fn a_node_that_runs_every_stream_it_is_sent_keeps_the_batching_default() {
     let rt = runtime();
     let node_sim = sim(&rt, &TWO_AT_ONCE.replace("seats: 2", "seats: 8"));
-    let gw = Gateway::start(&fleet(&[format!(
-        "    - id: vllm\n      url: http://{}\n      backend: openai\n",
-        node_sim.addr()
-    )]));
+    let gw = behind_openai("vllm", &node_sim);
     rt.block_on(async {
         rounds_of_four_streams(&gw, 4).await;
         let st = node_status(&gw).await;
-        assert_eq!(
-            (st["seats"].as_u64(), st["seats_from"].as_str()),
-            (Some(64), Some("default_batching")),
-            "{st}"
-        );
+        assert_eq!(seats_of(&st), (Some(64), Some("default_batching")), "{st}");
         assert!(st["seats_seen"].as_u64() >= Some(3), "{st}");
     });
 }

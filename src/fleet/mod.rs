@@ -39,12 +39,12 @@ pub use presence::{effective_health, AdminControl, HealthInputs};
 pub use rates::{Observation, PairRates, RatesStore};
 pub use reload::ReloadReport;
 pub use sharing::{SeatBound, SeatSharing};
+pub use state::Control;
+use view::{next_due, node_view, ViewParams};
 
 /// How often a node whose seats were learned is sent one request past them
 /// (`NodeState::probe_due`).
 pub const PROBE_EVERY_MS: u64 = 30_000;
-pub use state::Control;
-use view::{next_due, node_view, ViewParams};
 
 use crate::config::{Config, NodeConfig};
 use crate::routing::{
@@ -118,12 +118,11 @@ impl NodeState {
 
     /// Its seats are learned ones (`seats_learned`).
     pub fn set_seats_learned(&self, learned: bool) {
-        if learned && !self.seats_learned.swap(learned, Ordering::Relaxed) {
+        let was = self.seats_learned.swap(learned, Ordering::Relaxed);
+        if learned && !was {
             // The first probe a whole period after the verdict.
             self.probed_ms
                 .store(crate::services::now_ms(), Ordering::Relaxed);
-        } else if !learned {
-            self.seats_learned.store(false, Ordering::Relaxed);
         }
     }
 

@@ -330,15 +330,19 @@ impl Exchange<'_> {
             let mut st = self.d.state.lock();
             if st.first_byte.is_none() && !b.is_empty() {
                 st.first_byte = Some(Instant::now());
+                // Only a test of learned seats reads when the node last freed one.
+                let seat_test = self.d.ranked[st.current].seat_test.is_some_and(|t| t.bound);
+                let sent_ms = st.sent_ms;
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
                     let ahead = lease.first_byte(now);
                     if self.d.stream {
                         lease.start_decoding(now);
                     }
-                    let freed = lease.node_last_end_ms();
-                    st.seat_freed_s =
-                        (freed > st.sent_ms).then(|| (freed - st.sent_ms) as f64 / 1000.0);
+                    let freed = seat_test.then(|| lease.node_last_end_ms());
+                    st.seat_freed_s = freed
+                        .filter(|f| *f > sent_ms)
+                        .map(|f| (f - sent_ms) as f64 / 1000.0);
                     st.prefill_ahead_s = ahead;
                 }
             }

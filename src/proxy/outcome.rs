@@ -192,9 +192,14 @@ fn learn(
         });
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
-    let (prefill_ahead_s, decode_streams, load_under_way_s) = {
+    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s) = {
         let st = d.state.lock();
-        (st.prefill_ahead_s, st.decode_streams, st.load_under_way_s)
+        (
+            st.prefill_ahead_s,
+            st.decode_streams,
+            st.load_under_way_s,
+            st.seat_freed_s,
+        )
     };
     let o = Observation {
         now_ms: now,
@@ -236,7 +241,7 @@ fn learn(
         // ended after its send), not against the predicted ends, which a loaded server makes
         // late; none freed before its first token: against the prediction (it did not wait).
         let flipped = if t.bound {
-            let freed = d.state.lock().seat_freed_s.filter(|_| o.ttft_s.is_some());
+            let freed = seat_freed_s.filter(|_| o.ttft_s.is_some());
             node.seat_bound
                 .lock()
                 .observe(t.seats, freed.unwrap_or(t.shared_wait_s), waited, now)

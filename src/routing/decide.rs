@@ -463,16 +463,17 @@ fn seat_test(
     node_decoding: impl FnOnce() -> u32,
 ) -> Option<SeatTest> {
     let at_once = p.ahead == 0 && p.node_wait_s == 0.0;
+    let seats = test_seats(node);
     // Of the seats seen: only once that many decode (they have their seats: sent at once,
-    // this one could reach the node first and take one of theirs).
-    // (Read only for such a node: a lock on the node's clock.)
-    let seen_running = !node.seats_assumed || node_decoding() >= test_seats(node);
+    // this one could reach the node first and take one of theirs). Read only for such a
+    // node: a lock on the node's clock.
+    let seen_running = !node.seats_assumed || node_decoding() >= seats;
     let test = SeatTest {
         first_s: p.wait_s + p.prefill_s,
         decode_s: p.decode_s,
         shared_wait_s: p.shared_wait_s - p.wait_s,
         bound: node.seats_assumed,
-        seats: test_seats(node),
+        seats,
     };
     let finite = test.first_s.is_finite() && test.decode_s.is_finite();
     let full = test.shared_wait_s.is_finite() && test.shared_wait_s > 0.0;
