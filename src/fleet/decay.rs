@@ -31,7 +31,14 @@ pub(super) struct Mean {
 
 impl Mean {
     pub(super) fn add(&mut self, x: f64, now_ms: u64) {
-        if !(x.is_finite() && x > 0.0) {
+        if x > 0.0 {
+            self.add_any(x, now_ms);
+        }
+    }
+
+    /// As `add`, zero included (a figure that is often none at all).
+    pub(super) fn add_any(&mut self, x: f64, now_ms: u64) {
+        if !usable(x) {
             return;
         }
         if self.n == 0 {

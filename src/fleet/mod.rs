@@ -282,6 +282,34 @@ impl Fleet {
         self.len() == 0
     }
 
+    /// How many times faster than it decodes a node prefills (prompt tokens/s over output
+    /// tokens/s of one stream) and the TTFT no prompt explains: the medians over every pair
+    /// that measured both; else `prior` and 0. What a first answer's own decode speed says
+    /// its prefill took, when nothing was measured for its pair (`routing::IdleExpect`).
+    pub fn prefill_per_decode(&self, prior: f64) -> (f64, f64) {
+        let (mut ratios, mut overheads) = (Vec::new(), Vec::new());
+        for node in self.nodes().iter() {
+            for (_, c) in node.all_counters() {
+                let r = c.rates.lock().rates();
+                if let (Some(tps), Some(spt), false) =
+                    (r.prefill_tps, r.decode_spt, r.prefill_floor)
+                {
+                    ratios.push(tps * spt);
+                    overheads.push(r.prefill_overhead_s.max(0.0));
+                }
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.retain(|x| x.is_finite());
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        match (median(&mut ratios), median(&mut overheads)) {
+            (Some(r), Some(o)) if r > 0.0 => (r, o),
+            _ => (prior, 0.0),
+        }
+    }
+
     pub fn index_of(&self, id: &str) -> Option<usize> {
         self.configs.load().iter().position(|n| n.id == id)
     }

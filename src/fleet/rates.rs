@@ -61,6 +61,10 @@ pub struct Observation {
     /// it started it): a request that joins a load waits for the rest of it only, and the
     /// whole load took this much more.
     pub load_under_way_s: f64,
+    /// Sent to the pair idle past the keep-alive on a node that hides its loads: the seconds
+    /// its answer showed it waiting for a load (0: none; `routing::IdleExpect::load_seen`).
+    /// One that waited is taken as cold, its load as `load_s`.
+    pub idle_load_s: Option<f64>,
     /// Requests in flight on the node meanwhile (this one included): the mean of the counts
     /// at its send and its end.
     pub concurrency: u32,
@@ -94,6 +98,9 @@ pub struct PairRates {
     #[serde(default)]
     whole: Plane,
     load: Mean,
+    /// What requests to the pair idle past the keep-alive waited for a load (zeros count).
+    #[serde(default)]
+    idle_load: Mean,
     service: Mean,
     output: Mean,
     /// Seconds between the last [`GAPS`] responses (at least the clock's millisecond), oldest
@@ -109,6 +116,18 @@ impl PairRates {
     /// Learn from one response.
     pub fn observe(&mut self, o: &Observation) {
         let now = o.now_ms;
+        if let Some(l) = o.idle_load_s {
+            self.idle_load.add_any(l, now);
+            if l > 0.0 {
+                let o = Observation {
+                    cold: true,
+                    load_s: Some(l),
+                    idle_load_s: None,
+                    ..*o
+                };
+                return self.observe(&o);
+            }
+        }
         let before = self.rates();
         self.service.add(o.service_s, now);
         if let Some(out) = o.output_tokens {
@@ -257,6 +276,7 @@ impl PairRates {
             // Seen only at one concurrency: the cost of further streams is not known yet.
             decode_spt_per_stream: decode.and_then(|(_, b, spread)| spread.then_some(b)),
             load_s: self.load.get(),
+            idle_load_s: self.idle_load.get(),
             service_s: self.service.get(),
             output_tokens: self.output.get(),
             observed: self.observed,
@@ -566,6 +586,30 @@ mod tests {
         let mut q = PairRates::default();
         q.observe(&cold);
         assert_eq!(q.rates().load_s, Some(9.0));
+    }
+
+    /// A request to an idle pair on a node that hides its loads: one that waited for a load
+    /// teaches it (as a cold one does: not as prefill) and the idle pair's expected load; one
+    /// that found the model in memory teaches its prefill and a zero.
+    #[test]
+    fn an_idle_pair_teaches_the_load_it_waited_for_or_none() {
+        let mut p = PairRates::default();
+        p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
+        let before = p.rates().prefill_tps;
+        let mut idle = response(400_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        idle.ttft_s = idle.ttft_s.map(|t| t + 1.5);
+        idle.service_s += 1.5;
+        idle.idle_load_s = Some(1.5);
+        p.observe(&idle);
+        let r = p.rates();
+        assert_eq!((r.idle_load_s, r.load_s), (Some(1.5), Some(1.5)), "{r:?}");
+        assert_eq!(r.prefill_tps, before);
+        assert_eq!(r.observed, 2);
+        let mut warm = response(800_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        warm.idle_load_s = Some(0.0);
+        p.observe(&warm);
+        let after = p.rates().idle_load_s.unwrap();
+        assert!(after < 1e-6, "the last spell's: none ({after})");
     }
 
     /// A request sent 8 s into a load waits 4 s for the rest of it: the load took 12 s, and

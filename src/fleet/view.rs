@@ -59,6 +59,7 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     view.seats_shared = st.seat_sharing.lock().shared();
     view.seats_seen = st.decoding.most();
     view.seats_assumed = seats_assumed(cfg, &live);
+    view.hides_loads = cfg.backend == crate::config::Backend::Openai;
     // A node whose seats nobody said, found to run no more than it was seen to at once: those
     // are its seats, the node's (the count is across its models), until it is seen to run
     // more (a request let past them, `NodeState::probe_due`): then they are tested afresh.

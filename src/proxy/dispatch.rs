@@ -215,6 +215,7 @@ mod tests {
             predicted_s: None,
             predicted_run_s: None,
             seat_test: None,
+            idle: None,
         }
     }
 

@@ -201,7 +201,7 @@ fn learn(
             st.seat_freed_s,
         )
     };
-    let o = Observation {
+    let mut o = Observation {
         now_ms: now,
         cold: c.cold,
         service_s: end.duration_since(d.started).as_secs_f64(),
@@ -219,8 +219,28 @@ fn learn(
         decode_streams,
         prior_prefill_tps,
         prior_spt,
+        idle_load_s: None,
     };
-    if let Some(t) = c.seat_test.filter(|_| !c.cold) {
+    // Sent to a pair idle past the keep-alive on a node that hides its loads: did the node
+    // load the model first? (A node that does once is expected to after each such spell.)
+    if let Some(idle) = c.idle {
+        let ratio = match idle.guessed {
+            true => fleet
+                .prefill_per_decode(fleet.config().routing.policy.completion_prefill_per_decode),
+            false => (0.0, 0.0),
+        };
+        let load = idle.load_seen(o.ttft_s, o.service_s, o.output_tokens, ratio);
+        if load > 0.0 {
+            log::info!(
+                "node {}: waited {load:.2} s for a load of {} (its list said it was loaded; idle past the keep-alive, the next request there expects it)",
+                c.node_id,
+                c.model
+            );
+        }
+        o.idle_load_s = Some(load);
+    }
+    let loaded_first = c.cold || o.idle_load_s.is_some_and(|l| l > 0.0);
+    if let Some(t) = c.seat_test.filter(|_| !loaded_first) {
         // How much later than its own prediction it came: its first token (streamed), else
         // its end.
         let waited = match o.ttft_s {

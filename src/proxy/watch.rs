@@ -44,7 +44,8 @@ pub async fn stalled(fleet: &Fleet, d: &Dispatch, since: Instant) -> String {
         } else {
             counters.load().p75_ms
         };
-        let first_byte = first_byte_timeout(t, expected, c.cold);
+        // A pair idle on a node that hides its loads may be loading unseen: as cold.
+        let first_byte = first_byte_timeout(t, expected, c.cold || c.idle.is_some());
         let (header, last) = {
             let st = d.state.lock();
             (st.status.is_some(), st.last_activity)

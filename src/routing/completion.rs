@@ -12,7 +12,10 @@
 //!           its observed loads of other models read at (0 when loaded with a window that fits),
 //!           less how long a load of it that a request started has been under way, less the
 //!           seat wait when requests are ahead and their ends are known (they wait for the
-//!           same load meanwhile); one past its time: as long again as it has overrun
+//!           same load meanwhile); one past its time: as long again as it has overrun.
+//!           Listed as loaded on a node that hides its loads (`backend: openai`), idle past
+//!           `completion_keep_alive_s`: the load the pair's requests after such a spell
+//!           waited for (zeros count), else the model's other pairs' (`idle_load_s`)
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c - 1 = the streams beside it on average over
@@ -65,7 +68,9 @@
 use serde::Serialize;
 
 use super::policy::Policy;
-use super::types::{LiveDecode, ModelLoad, ModelView, NodeView, PrefillLoad, Rates, RouteRequest};
+use super::types::{
+    IdleExpect, LiveDecode, ModelLoad, ModelView, NodeView, PrefillLoad, Rates, RouteRequest,
+};
 
 /// The predicted finish of one pair and the rates it came from (the explain row).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -114,6 +119,11 @@ pub struct Prediction {
     /// which can be off by tens of times (its seat is not predicted free at this end).
     #[serde(skip)]
     pub from_priors: bool,
+    /// The pair is idle past the keep-alive on a node that hides its loads (`idle_load_s`),
+    /// and the request would start at once: what its answer is held against to tell whether
+    /// the node loaded the model first.
+    #[serde(skip)]
+    pub idle: Option<IdleExpect>,
 }
 
 /// What the prediction reads about one surviving pair.
@@ -188,6 +198,9 @@ pub struct Peers {
     pub probing: bool,
     /// Pairs observed: a mean of one is that pair, the best, no typical node.
     pub pairs: u32,
+    /// The mean over the pairs that showed one of `Rates::idle_load_s`: what an idle pair of
+    /// the model on a node that hides its loads waited for.
+    pub idle_load_s: Option<f64>,
     /// Some observed pair of the model could take the request now (a seat free, the window
     /// fits; set by the caller). When none can, nothing is held back (`held_back`).
     pub room: bool,
@@ -215,6 +228,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     let (mut prefill, mut spt, mut service) = (Mean::default(), Mean::default(), Mean::default());
     let (mut contention, mut per_stream) = (Mean::default(), Mean::default());
     let mut overhead = Mean::default();
+    let mut idle_load = Mean::default();
     let (mut output_sum, mut output_n) = (0.0, 0.0);
     let mut top: Option<Rates> = None;
     let (mut shared, mut decided, mut pairs) = (0u32, 0u32, 0u32);
@@ -243,6 +257,9 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         };
         spt.add(r.decode_spt);
         service.add(r.service_s);
+        if let Some(l) = r.idle_load_s.filter(|l| l.is_finite()) {
+            idle_load.add_any(l.max(0.0));
+        }
         per_stream.add(r.decode_spt_per_stream);
         if let Some(o) = positive(r.output_tokens) {
             output_sum += o * f64::from(r.observed);
@@ -284,6 +301,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             0.0
         },
         load_s: None,
+        idle_load_s: None,
         observed: 0,
         last_ms: None,
         gap_s: None,
@@ -304,6 +322,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
         probing: false,
         pairs,
+        idle_load_s: idle_load.get(),
         room: true,
     })
 }
@@ -343,6 +362,7 @@ fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
             (
                 Rates {
                     load_s: x.rates.load_s,
+                    idle_load_s: x.rates.idle_load_s,
                     ..from
                 },
                 true,
@@ -436,6 +456,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let service_s = positive(r.service_s).unwrap_or(prefill_s + decode_s);
     // A turn of a conversation this gateway served goes where its cache is: no exploring.
     // The peers' best rates are optimism enough: no further discount on them.
+    let unexplored = (prefill_s, spt);
     let explored = x.req.cached_on.is_none()
         && r.last_ms
             .is_none_or(|t| x.now_ms.saturating_sub(t) > p.completion_explore_after_s * 1000);
@@ -583,6 +604,12 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         observed: r.observed,
         explored,
         from_priors: r.observed == 0 && !optimistic && typical.is_none(),
+        idle: (x.model.loaded && wait_s <= 0.0 && pair_idle(p, x)).then_some(IdleExpect {
+            first_s: unexplored.0,
+            spt: unexplored.1,
+            guessed: r.observed == 0 && !optimistic && typical.is_none(),
+            prompt_tokens: x.req.prompt_tokens - cached,
+        }),
     }
 }
 
@@ -663,7 +690,7 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
         .loaded_context
         .is_none_or(|ctx| ctx == 0 || u64::from(ctx) >= x.needed_tokens);
     if m.loaded && fits_loaded {
-        return 0.0;
+        return idle_load_s(p, x);
     }
     let gb = m.resident_gb.unwrap_or(m.size_gb).max(0.0);
     let read = read_s(p, x.node, m, x.rates.load_s);
@@ -683,6 +710,33 @@ fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
         .filter(|_| !m.loaded && x.load.in_flight > 0)
         .map_or(0.0, |t| x.now_ms.saturating_sub(t) as f64 / 1000.0);
     (whole - under_way).abs()
+}
+
+/// Nothing of the pair runs or waits and its last answer is older than the keep-alive (or
+/// there was none), on a node that hides its loads: the model may be out of memory.
+pub(super) fn pair_idle(p: &Policy, x: &Input<'_>) -> bool {
+    let keep_ms = p.completion_keep_alive_s.saturating_mul(1000);
+    x.node.hides_loads
+        && keep_ms > 0
+        && !x.load.busy()
+        && x.rates
+            .last_ms
+            .is_none_or(|t| x.now_ms.saturating_sub(t) > keep_ms)
+}
+
+/// A model the node lists as loaded, on a node that hides its loads, idle past the keep-alive:
+/// the load the pair's requests after such a spell waited for on average (its zeros count),
+/// else the model's other pairs' (an untried pair's first request is one: of a model that is
+/// loaded on one box of fourteen and on disk on the rest, what the first tries showed).
+fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
+    if !pair_idle(p, x) {
+        return 0.0;
+    }
+    x.rates
+        .idle_load_s
+        .or(x.peer.and_then(|peers| peers.idle_load_s))
+        .filter(|l| l.is_finite())
+        .map_or(0.0, |l| l.max(0.0))
 }
 
 #[cfg(test)]

@@ -984,3 +984,91 @@ fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once()
     assert_eq!(d.winner().unwrap().node_id, "other", "{p:?}");
     assert!(d.ranked.iter().all(|c| c.seat_test.is_none()));
 }
+
+/// Nodes that hide their loads (`backend: openai`): `a` answered `m` just now after waiting
+/// 1.2 s for a load its list did not show; `b` never served it.
+fn hiding_a_and_b() -> (FleetView, TableLoads) {
+    let mut f = alike(&["a", "b"], 0.0);
+    for n in &mut f.nodes {
+        n.hides_loads = true;
+    }
+    let a = Rates {
+        idle_load_s: Some(1.2),
+        ..seen(100.0)
+    };
+    (f, TableLoads::default().rated(0, "m", a))
+}
+
+/// The node that loaded the model keeps its requests (the other is expected to load it too,
+/// as the model's first tries showed); idle past the keep-alive, it is expected to load it
+/// again. A node whose backend says what is loaded is never charged such a load.
+#[test]
+fn a_load_a_node_hides_is_expected_where_the_model_may_be_out_of_memory() {
+    let r = req(&["m"], 500);
+    let (f, loads) = hiding_a_and_b();
+    let d = at(&r, &f, &loads);
+    assert_eq!(d.winner().unwrap().node_id, "a");
+    assert_eq!(predicted(&d, 0).load_s, 0.0, "a answered just now");
+    assert_near(predicted(&d, 1).load_s, 1.2, &predicted(&d, 1));
+    let idle = d.ranked.iter().find(|c| c.node_id == "b").unwrap().idle;
+    assert!(idle.is_some(), "b's answer will tell whether it loaded");
+    // Idle past the keep-alive (300 s by default): a's request waits for the load again.
+    let later = decide(&r, &f, &completion(), &loads, 1_000_000 + 301_000);
+    assert_near(predicted(&later, 0).load_s, 1.2, &predicted(&later, 0));
+    assert!(later.ranked.iter().all(|c| c.idle.is_some()));
+    // Keep-alive 0: never.
+    let never = Policy {
+        completion_keep_alive_s: 0,
+        ..completion()
+    };
+    let d = decide(&r, &f, &never, &loads, 1_000_000 + 301_000);
+    assert_eq!(predicted(&d, 0).load_s, 0.0);
+    // A backend that says what it has loaded (Ollama's /api/ps): what it says.
+    let mut told = f.clone();
+    for n in &mut told.nodes {
+        n.hides_loads = false;
+    }
+    let d = at(&r, &told, &loads);
+    assert_eq!(predicted(&d, 1).load_s, 0.0);
+    assert!(d.ranked.iter().all(|c| c.idle.is_none()));
+}
+
+/// What an answer to an idle pair shows: a first token late by many prefills is a load; a
+/// node slower all round (its decode as much slower as its first token) is slow, not loading.
+#[test]
+fn a_late_first_token_is_a_load_a_slow_node_is_not() {
+    let e = IdleExpect {
+        first_s: 0.1,
+        spt: 0.01,
+        guessed: false,
+        prompt_tokens: 1_000,
+    };
+    let none = (0.0, 0.0);
+    // 1.3 s to the first token, then 30 tokens at the predicted speed: 1.2 s of load.
+    let load = e.load_seen(Some(1.3), 1.6, Some(30), none);
+    assert!((load - 1.2).abs() < 1e-9, "{load}");
+    // Five times slower at both: no load.
+    assert_eq!(e.load_seen(Some(0.5), 0.5 + 1.5, Some(30), none), 0.0);
+    // On time: none.
+    assert_eq!(e.load_seen(Some(0.11), 0.41, Some(30), none), 0.0);
+    // A whole reply: its end against prefill and decode (0.4 s predicted).
+    assert!((e.load_seen(None, 2.4, Some(30), none) - 2.0).abs() < 1e-9);
+    assert_eq!(e.load_seen(None, 0.6, Some(30), none), 0.0);
+    // Predicted from priors a hundred times off (no sizes): judged from the answer's own
+    // decode and the fleet's prefill-to-decode ratio (80x, 30 ms overhead): 1,000 tokens at
+    // 0.01 s per token / 80 + 0.03 = 0.155 s of prefill.
+    let guess = IdleExpect {
+        first_s: 0.002,
+        spt: 1e-4,
+        guessed: true,
+        ..e
+    };
+    let load = guess.load_seen(Some(1.355), 1.655, Some(30), (80.0, 0.03));
+    assert!((load - 1.2).abs() < 1e-9, "{load}");
+    assert_eq!(
+        guess.load_seen(Some(0.16), 0.46, Some(30), (80.0, 0.03)),
+        0.0
+    );
+    // A whole reply on a guess: nothing to judge by.
+    assert_eq!(guess.load_seen(None, 3.0, Some(30), (80.0, 0.03)), 0.0);
+}

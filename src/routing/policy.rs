@@ -139,6 +139,11 @@ pub struct Policy {
     /// multiplied by `completion_explore_factor`, so an untried node gets a request.
     pub completion_explore_after_s: u64,
     pub completion_explore_factor: f64,
+    /// On a node that hides its loads (`backend: openai`, `NodeView::hides_loads`): a model
+    /// not asked for in this long may have been unloaded, and its next request is expected to
+    /// wait for the load the pair's earlier answers showed after such a spell (Ollama's
+    /// default keep-alive is 5 minutes). 0: never.
+    pub completion_keep_alive_s: u64,
     /// Before a cold load on a node the gateway manages (Ollama), unload the idle models
     /// cheapest to reload (`evict.rs`) instead of leaving the choice to the backend's own
     /// least-recently-used rule.
@@ -227,6 +232,7 @@ impl Default for Policy {
             completion_contention_prior: 0.03,
             completion_explore_after_s: 60,
             completion_explore_factor: 0.5,
+            completion_keep_alive_s: 300,
             completion_choose_evictions: true,
 
             max_ranked: 16,

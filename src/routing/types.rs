@@ -156,6 +156,11 @@ pub struct NodeView {
     pub seats_assumed: bool,
     /// The most streams the gateway has seen it decode at once.
     pub seats_seen: u32,
+    /// Its backend lists every model it can serve as loaded and says nothing of what is in
+    /// memory (`backend: openai`): behind such a list Ollama, LM Studio or llama-swap load a
+    /// model on its first request and unload it after a keep-alive. Completion mode learns
+    /// those loads from the answers (`Rates::idle_load_s`).
+    pub hides_loads: bool,
     pub tier: Tier,
     pub tags: Vec<String>,
     pub families: Vec<Family>,
@@ -291,6 +296,10 @@ pub struct Rates {
     pub decode_spt_per_stream: Option<f64>,
     /// Seconds a cold load of the model took on the node.
     pub load_s: Option<f64>,
+    /// On a node that hides its loads (`NodeView::hides_loads`): the seconds a request to the
+    /// pair idle past the keep-alive waited for a load before its prefill, on average (0: it
+    /// found the model in memory); `None` until such a request was answered.
+    pub idle_load_s: Option<f64>,
     /// Seconds a request held its seat (dispatch to end).
     pub service_s: Option<f64>,
     /// Output tokens per response.
@@ -512,6 +521,78 @@ pub struct Choice {
     /// its answer tests about the node's seats (`fleet::sharing`).
     #[serde(skip)]
     pub seat_test: Option<SeatTest>,
+    /// Completion mode, sent to a pair idle past the keep-alive on a node that hides its
+    /// loads: what tells from its answer whether the node loaded the model first.
+    #[serde(skip)]
+    pub idle: Option<IdleExpect>,
+}
+
+/// What a request to an idle pair on a node that hides its loads was predicted to take
+/// without a load. Its answer shows a load when its first token came much later than its
+/// prefill explains, more than the node's decode was slower than predicted (a node slower
+/// all round is slow, not loading): a load is tens of prefills long, a slow node a few.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IdleExpect {
+    /// Seconds from its send to its first token (prefill, no load), and per output token.
+    pub first_s: f64,
+    pub spt: f64,
+    /// Nothing measured stood behind the prediction (the config's priors: without model
+    /// sizes they can be off by a hundred times): the prefill is then judged from the answer's
+    /// own decode speed and the prefill-to-decode ratio the fleet measured (`guessed_first_s`).
+    pub guessed: bool,
+    /// Prompt tokens it was to prefill (uncached).
+    pub prompt_tokens: u32,
+}
+
+impl IdleExpect {
+    /// How many times the predicted prefill (scaled by how much slower the node decoded than
+    /// predicted) the first token must be late by to read as a load.
+    const LATE: f64 = 4.0;
+
+    /// Seconds the answer waited for a load (0: none shown). Streamed: its first token against
+    /// the predicted prefill; whole: its end against prefill and decode. `ratio`: prompt
+    /// tokens/s per output token/s and the TTFT no prompt explains, as the fleet measured
+    /// them (for a guessed prediction).
+    pub fn load_seen(
+        &self,
+        ttft_s: Option<f64>,
+        service_s: f64,
+        output_tokens: Option<u32>,
+        ratio: (f64, f64),
+    ) -> f64 {
+        let out = output_tokens.map_or(0.0, f64::from);
+        let spt_seen = match ttft_s {
+            Some(first) if out >= 2.0 => Some((service_s - first) / out),
+            _ => None,
+        };
+        // A guess is replaced by what the answer's own decode speed says its prefill took.
+        let (first_s, spt) = match (self.guessed, spt_seen) {
+            (true, Some(spt)) if ratio.0 > 0.0 && spt > 0.0 => (
+                ratio.1.max(0.0) + f64::from(self.prompt_tokens) * spt / ratio.0,
+                spt,
+            ),
+            (true, _) => return 0.0,
+            _ => (self.first_s, self.spt),
+        };
+        let (late, expected) = match ttft_s {
+            Some(first) => {
+                let slower = match spt_seen {
+                    Some(seen) if spt > 0.0 => (seen / spt).max(1.0),
+                    _ => 1.0,
+                };
+                (first - first_s, first_s * slower)
+            }
+            None => {
+                let expected = first_s + out * spt;
+                (service_s - expected, expected)
+            }
+        };
+        if late.is_finite() && expected.is_finite() && late > Self::LATE * expected.max(0.0) {
+            late
+        } else {
+            0.0
+        }
+    }
 }
 
 /// What a request sent to a full node predicted, to be held against its answer: with seats

@@ -1,0 +1,105 @@
+//! Behind an OpenAI-compatible list (`backend: openai`) every model looks loaded, but Ollama's
+//! `/v1`, LM Studio or llama-swap load a model on its first request and unload it after a
+//! keep-alive. The gateway reads the load off the first answer (its first token came far later
+//! than its prefill explains), keeps the model's requests on the node that now has it in
+//! memory rather than making another load it too, and once the pair has been idle past
+//! `completion_keep_alive_s` expects the load again: `/fleet/explain` shows it, and the
+//! first-byte timeout, which would take the reload for a hung node, waits for it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// A model on disk, not in memory: its first request waits 1.5 s for the load.
+const ON_DEMAND: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {name: m:1b, size_gb: 1, cold_load_ms: 1500}\n";
+
+fn by_url(id: &str, node: &fleetgate::sim::SimHandle) -> String {
+    format!(
+        "    - id: {id}\n      url: http://{}\n      backend: openai\n",
+        node.addr()
+    )
+}
+
+fn ask() -> Value {
+    json!({"model": "m:1b", "stream": true, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello there"}]})
+}
+
+/// Stream one answer (pinned to `pin` when given): the node that served it and the retries
+/// the gateway made.
+async fn stream(gw: &Gateway, pin: Option<&str>) -> (String, String) {
+    let mut r = client().post(gw.url("/v1/chat/completions")).json(&ask());
+    if let Some(node) = pin {
+        r = r.header("x-fleet-pin-node", node);
+    }
+    let r = r.send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .map_or(String::new(), |v| v.to_str().unwrap().to_string())
+    };
+    let (node, retries) = (header("x-fleet-node"), header("x-fleet-retries"));
+    assert!(r.text().await.unwrap().contains("[DONE]"));
+    (node, retries)
+}
+
+/// The load `/fleet/explain` predicts for the request on `node`.
+async fn predicted_load(gw: &Gateway, node: &str) -> f64 {
+    let report = explain(gw, "/fleet/explain", &ask()).await;
+    report["table"]
+        .as_array()
+        .and_then(|t| t.iter().find(|r| r["node"] == node))
+        .and_then(|r| r["load_s"].as_f64())
+        .unwrap_or_else(|| panic!("no prediction for {node}: {report:#}"))
+}
+
+#[test]
+fn a_load_hidden_behind_the_model_list_is_learned_and_expected_after_the_keep_alive() {
+    let rt = runtime();
+    let (a, b) = (sim(&rt, ON_DEMAND), sim(&rt, ON_DEMAND));
+    let gw = Gateway::start(&format!(
+        "timeouts:\n  first_byte_min_ms: 400\nrouting:\n  policy:\n    completion_keep_alive_s: 2\n{}",
+        fleet(&[by_url("a", &a), by_url("b", &b)])
+    ));
+    let loads = |id: &str| {
+        let node = if id == "a" { &a } else { &b };
+        node.control().stats().loads.len()
+    };
+    rt.block_on(async {
+        let (first, _) = stream(&gw, None).await;
+        let other = if first == "a" { "b" } else { "a" };
+        assert_eq!(loads(&first), 1, "the first request loaded the model");
+        // The node that has it in memory keeps the model's requests: the other would load it
+        // too (its list says loaded, as the first one's did).
+        let load = predicted_load(&gw, other).await;
+        assert!(
+            (1.2..2.0).contains(&load),
+            "{other} is expected to load as {first} did: {load}"
+        );
+        assert_eq!(predicted_load(&gw, &first).await, 0.0);
+        for _ in 0..16 {
+            assert_eq!(stream(&gw, None).await.0, first);
+        }
+        assert_eq!(loads(other), 0, "no second load");
+        // Idle past the keep-alive, the node unloads the model (as Ollama does after its own).
+        if first == "a" { &a } else { &b }
+            .control()
+            .unload_model("m:1b");
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        let load = predicted_load(&gw, &first).await;
+        assert!(
+            (1.2..2.0).contains(&load),
+            "idle past the keep-alive, {first} is expected to reload: {load}"
+        );
+        // Its answers came in ~20 ms (an average that has forgotten the first load), so the
+        // first-byte timeout is its 400 ms floor: the
+        // reload must not read as a hung node and be retried elsewhere.
+        let (node, retries) = stream(&gw, Some(&first)).await;
+        assert_eq!((node.as_str(), retries.as_str()), (first.as_str(), "0"));
+        assert_eq!(loads(&first), 2);
+    });
+}
