@@ -385,6 +385,20 @@ fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
     }
 }
 
+/// The seats a request is priced against. A node whose seats nobody said is assumed a
+/// batching server's many and is sent that many (never held for fewer), but priced at twice
+/// as many as it was seen to run at once until it runs more: a burst is not all sent to the
+/// one node whose seats nobody knows while the others sit idle (a server with 4 queues the
+/// rest inside, unseen); each time it is seen to run more at once the figure doubles.
+fn priced_seats(node: &NodeView) -> u32 {
+    let seats = node.seats.max(1);
+    if node.seats_assumed && !node.seats_shared {
+        seats.min(node.seats_seen.max(1).saturating_mul(2))
+    } else {
+        seats
+    }
+}
+
 /// The better of two rates (`pick`: max or min), either one when the other is unknown.
 pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) -> Option<f64> {
     match (positive(a), positive(b)) {
@@ -395,7 +409,7 @@ pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) 
 
 /// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
 pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
-    let seats = x.node.seats.max(1);
+    let seats = priced_seats(x.node);
     let (rates, optimistic) = effective_rates(x);
     let r = &rates;
     // Decode: seconds per token of one stream, then at the node's concurrency.
@@ -645,10 +659,17 @@ const SEAT_QUEUE_STEPS: u32 = 64;
 /// `service / seats` sent a request to whichever full node looked alike, not to the one whose
 /// seat frees first.
 fn seat_wait(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Option<f64> {
-    let running = load.in_flight as usize;
-    if ends.len() < running {
+    let sent = load.in_flight as usize;
+    if ends.len() < sent {
         return None;
     }
+    // Sent past the seats (a hard cap above them, or a node priced at fewer seats than it is
+    // sent, `priced_seats`), requests wait inside the node: they take the first seats to free,
+    // as waiters do, and the seats are held by the soonest to end.
+    let running = sent.min(seats.max(1) as usize);
+    let pending = load
+        .pending
+        .saturating_add(u32::try_from(sent - running).unwrap_or(u32::MAX));
     // When each seat is next free, soonest first: the `running` soonest ends (a request that
     // ended between the counts and the ends is gone from both soon), the idle seats now.
     let mut free: Vec<f64> = ends.iter().map(|e| e.max(0.0)).collect();
@@ -660,13 +681,13 @@ fn seat_wait(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Opti
         return None;
     }
     let service = service_s.max(0.0);
-    let stepped = load.pending.min(SEAT_QUEUE_STEPS);
+    let stepped = pending.min(SEAT_QUEUE_STEPS);
     for _ in 0..stepped {
         let t = free.remove(0) + service;
         let at = free.partition_point(|f| *f <= t);
         free.insert(at, t);
     }
-    let rest = f64::from(load.pending - stepped) / f64::from(seats.max(1)) * service;
+    let rest = f64::from(pending - stepped) / f64::from(seats.max(1)) * service;
     Some(free[0] + rest)
 }
 

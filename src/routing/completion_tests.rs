@@ -1072,3 +1072,33 @@ fn a_late_first_token_is_a_load_a_slow_node_is_not() {
     // A whole reply on a guess: nothing to judge by.
     assert_eq!(guess.load_seen(None, 3.0, Some(30), (80.0, 0.03)), 0.0);
 }
+
+/// A node whose seats nobody said is sent as many as a batching server's default, but priced
+/// at twice the streams it was seen to run at once: six sent to it when it was only seen to
+/// run one make the seventh wait (the four past two seats wait inside it for the first to
+/// free), and an idle node half as fast wins. Seen to run eight, it is priced at sixteen.
+#[test]
+fn a_burst_is_not_all_priced_onto_seats_nobody_said() {
+    let mut vllm = node("vllm", vec![loaded("a", 4.0)]);
+    vllm.seats = 64;
+    vllm.hard_cap = 256;
+    vllm.seats_assumed = true;
+    vllm.seats_seen = 1;
+    let mut f = fleet(vec![vllm, node("other", vec![loaded("a", 4.0)])]);
+    f.nodes[1].seats = 4;
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "a", queue(6, 0))
+        .ending(0, "a", &[0.5; 6]);
+    let r = req(&["a"], 100);
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    assert!(p.wait_s > 2.0, "{p:?}");
+    assert_eq!(d.winner().unwrap().node_id, "other", "{p:?}");
+    f.nodes[0].seats_seen = 8;
+    let d = at(&r, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 0.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "vllm");
+}
