@@ -168,7 +168,7 @@ pub fn priors(p: &Policy, node: &NodeView, model: &ModelView) -> (f64, f64) {
         Some(tps) => 1.0 / tps,
         None => {
             let bw = positive(node.bandwidth_gbps).unwrap_or(p.wait_heuristic_bandwidth_gbps);
-            model.size_gb.max(0.0) / bw
+            positive(Some(model.size_gb)).unwrap_or(p.completion_prior_model_gb) / bw
         }
     }
     .max(MIN_SPT);
@@ -390,7 +390,7 @@ fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
 /// as many as it was seen to run at once until it runs more: a burst is not all sent to the
 /// one node whose seats nobody knows while the others sit idle (a server with 4 queues the
 /// rest inside, unseen); each time it is seen to run more at once the figure doubles.
-fn priced_seats(node: &NodeView) -> u32 {
+pub(super) fn priced_seats(node: &NodeView) -> u32 {
     let seats = node.seats.max(1);
     if node.seats_assumed && !node.seats_shared {
         seats.min(node.seats_seen.max(1).saturating_mul(2))

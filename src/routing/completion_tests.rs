@@ -1102,3 +1102,19 @@ fn a_burst_is_not_all_priced_onto_seats_nobody_said() {
     assert_near(p.wait_s, 0.0, &p);
     assert_eq!(d.winner().unwrap().node_id, "vllm");
 }
+
+/// Nobody said how big the model is (`backend: openai` lists no sizes): a node never tried
+/// whose probe has not answered yet is predicted from the priors at
+/// `completion_prior_model_gb`, not as an instant 0 GB model, so the next request goes to the
+/// node seen to be fast rather than piling onto the probe.
+#[test]
+fn a_model_of_unknown_size_is_not_priced_as_instant() {
+    let f = alike(&["a", "b"], 0.0);
+    let loads = TableLoads::default()
+        .rated(0, "m", seen(100.0))
+        .with(1, "m", queue(1, 0));
+    let d = at(&req(&["m"], 500), &f, &loads);
+    let b = predicted(&d, 1);
+    assert!(b.decode_tps < 20.0, "8 GB at 100 GB/s: {b:?}");
+    assert_eq!(d.winner().unwrap().node_id, "a", "{b:?}");
+}

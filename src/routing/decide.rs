@@ -126,7 +126,7 @@ fn decide_once(
                     return false;
                 };
                 rates[idx * n_models + pos].observed > 0
-                    && loads.model(idx, name).depth() < node.seats.max(1)
+                    && loads.model(idx, name).depth() < completion::priced_seats(node)
                     && eliminate::window_fits(m, eliminate::needed_tokens(req, node))
                     && eliminate::node_reason(req, node, policy, loads.node_in_flight(idx))
                         .is_none()

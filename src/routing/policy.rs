@@ -129,6 +129,10 @@ pub struct Policy {
     pub completion_pull_gbps: f64,
     /// Prior prompt tokens/s as a multiple of a node's decode tokens/s (no prefill prior).
     pub completion_prefill_per_decode: f64,
+    /// Model size, GB, the decode prior assumes when nobody said one (`backend: openai` lists
+    /// no sizes). Without it the prior read 0 GB as instant (10,000 tokens/s), and a node
+    /// never tried looked faster than every node seen.
+    pub completion_prior_model_gb: f64,
     /// Prior cost of each further concurrent stream, relative to one stream's seconds per
     /// token, until some pair of the model is seen at several concurrencies (its own, then the
     /// fleet's measured figure replace it). Zero made a node running three streams look as
@@ -229,6 +233,7 @@ impl Default for Policy {
             completion_load_gbps: 2.0,
             completion_pull_gbps: 0.1,
             completion_prefill_per_decode: 20.0,
+            completion_prior_model_gb: 8.0,
             completion_contention_prior: 0.03,
             completion_explore_after_s: 60,
             completion_explore_factor: 0.5,
@@ -307,6 +312,7 @@ impl Policy {
                 "completion_prefill_per_decode",
                 self.completion_prefill_per_decode,
             ),
+            ("completion_prior_model_gb", self.completion_prior_model_gb),
             ("role_small_threshold_gb", self.role_small_threshold_gb),
             ("role_mem_mid_node_gb", self.role_mem_mid_node_gb),
         ];
