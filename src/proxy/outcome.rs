@@ -230,14 +230,15 @@ fn learn(
             false => (0.0, 0.0),
         };
         let load = idle.load_seen(o.ttft_s, o.service_s, o.output_tokens, ratio);
-        if load > 0.0 {
+        if let Some(load) = load.filter(|l| *l > 0.0) {
             log::info!(
                 "node {}: waited {load:.2} s for a load of {} (its list said it was loaded; idle past the keep-alive, the next request there expects it)",
                 c.node_id,
                 c.model
             );
         }
-        o.idle_load_s = Some(load);
+        // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
+        o.idle_load_s = load;
     }
     let loaded_first = c.cold || o.idle_load_s.is_some_and(|l| l > 0.0);
     if let Some(t) = c.seat_test.filter(|_| !loaded_first) {

@@ -119,9 +119,8 @@ pub struct Prediction {
     /// which can be off by tens of times (its seat is not predicted free at this end).
     #[serde(skip)]
     pub from_priors: bool,
-    /// The pair is idle past the keep-alive on a node that hides its loads (`idle_load_s`),
-    /// and the request would start at once: what its answer is held against to tell whether
-    /// the node loaded the model first.
+    /// The pair is idle past the keep-alive on a node that hides its loads (`idle_load_s`):
+    /// what its answer is held against to tell whether the node loaded the model first.
     #[serde(skip)]
     pub idle: Option<IdleExpect>,
 }
@@ -618,11 +617,12 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         observed: r.observed,
         explored,
         from_priors: r.observed == 0 && !optimistic && typical.is_none(),
-        idle: (x.model.loaded && wait_s <= 0.0 && pair_idle(p, x)).then_some(IdleExpect {
-            first_s: unexplored.0,
+        idle: (x.model.loaded && pair_idle(p, x)).then_some(IdleExpect {
+            first_s: wait_s + unexplored.0,
             spt: unexplored.1,
             guessed: r.observed == 0 && !optimistic && typical.is_none(),
             prompt_tokens: x.req.prompt_tokens - cached,
+            load_s: known_idle_load(x),
         }),
     }
 }
@@ -746,18 +746,24 @@ pub(super) fn pair_idle(p: &Policy, x: &Input<'_>) -> bool {
 }
 
 /// A model the node lists as loaded, on a node that hides its loads, idle past the keep-alive:
-/// the load the pair's requests after such a spell waited for on average (its zeros count),
+/// the load the pair's requests after such spells waited for (its zeros count; mostly the
+/// last spell's),
 /// else the model's other pairs' (an untried pair's first request is one: of a model that is
 /// loaded on one box of fourteen and on disk on the rest, what the first tries showed).
 fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
     if !pair_idle(p, x) {
         return 0.0;
     }
+    known_idle_load(x).unwrap_or(0.0)
+}
+
+/// The pair's idle load, else the model's other pairs'; `None`: nothing known.
+fn known_idle_load(x: &Input<'_>) -> Option<f64> {
     x.rates
         .idle_load_s
         .or(x.peer.and_then(|peers| peers.idle_load_s))
         .filter(|l| l.is_finite())
-        .map_or(0.0, |l| l.max(0.0))
+        .map(|l| l.max(0.0))
 }
 
 #[cfg(test)]

@@ -1034,7 +1034,8 @@ fn a_load_a_node_hides_is_expected_where_the_model_may_be_out_of_memory() {
 }
 
 /// What an answer to an idle pair shows: a first token late by many prefills is a load; a
-/// node slower all round (its decode as much slower as its first token) is slow, not loading.
+/// node slower all round (its decode as much slower as its first token) is slow, not loading;
+/// a few hundred milliseconds (a new connection after the spell) are not a load.
 #[test]
 fn a_late_first_token_is_a_load_a_slow_node_is_not() {
     let e = IdleExpect {
@@ -1042,18 +1043,23 @@ fn a_late_first_token_is_a_load_a_slow_node_is_not() {
         spt: 0.01,
         guessed: false,
         prompt_tokens: 1_000,
+        load_s: None,
     };
     let none = (0.0, 0.0);
     // 1.3 s to the first token, then 30 tokens at the predicted speed: 1.2 s of load.
-    let load = e.load_seen(Some(1.3), 1.6, Some(30), none);
+    let load = e.load_seen(Some(1.3), 1.6, Some(30), none).unwrap();
     assert!((load - 1.2).abs() < 1e-9, "{load}");
     // Five times slower at both: no load.
-    assert_eq!(e.load_seen(Some(0.5), 0.5 + 1.5, Some(30), none), 0.0);
+    assert_eq!(e.load_seen(Some(0.5), 0.5 + 1.5, Some(30), none), Some(0.0));
     // On time: none.
-    assert_eq!(e.load_seen(Some(0.11), 0.41, Some(30), none), 0.0);
+    assert_eq!(e.load_seen(Some(0.11), 0.41, Some(30), none), Some(0.0));
+    // A short prompt (10 ms predicted) 200 ms late: a new connection, not a load.
+    let short = IdleExpect { first_s: 0.01, ..e };
+    assert_eq!(short.load_seen(Some(0.21), 0.51, Some(30), none), Some(0.0));
     // A whole reply: its end against prefill and decode (0.4 s predicted).
-    assert!((e.load_seen(None, 2.4, Some(30), none) - 2.0).abs() < 1e-9);
-    assert_eq!(e.load_seen(None, 0.6, Some(30), none), 0.0);
+    let whole = e.load_seen(None, 2.4, Some(30), none).unwrap();
+    assert!((whole - 2.0).abs() < 1e-9, "{whole}");
+    assert_eq!(e.load_seen(None, 0.6, Some(30), none), Some(0.0));
     // Predicted from priors a hundred times off (no sizes): judged from the answer's own
     // decode and the fleet's prefill-to-decode ratio (80x, 30 ms overhead): 1,000 tokens at
     // 0.01 s per token / 80 + 0.03 = 0.155 s of prefill.
@@ -1063,14 +1069,16 @@ fn a_late_first_token_is_a_load_a_slow_node_is_not() {
         guessed: true,
         ..e
     };
-    let load = guess.load_seen(Some(1.355), 1.655, Some(30), (80.0, 0.03));
+    let load = guess
+        .load_seen(Some(1.355), 1.655, Some(30), (80.0, 0.03))
+        .unwrap();
     assert!((load - 1.2).abs() < 1e-9, "{load}");
     assert_eq!(
         guess.load_seen(Some(0.16), 0.46, Some(30), (80.0, 0.03)),
-        0.0
+        Some(0.0)
     );
-    // A whole reply on a guess: nothing to judge by.
-    assert_eq!(guess.load_seen(None, 3.0, Some(30), (80.0, 0.03)), 0.0);
+    // A whole reply on a guess: nothing to judge by, nothing learned.
+    assert_eq!(guess.load_seen(None, 3.0, Some(30), (80.0, 0.03)), None);
 }
 
 /// A node whose seats nobody said is sent as many as a batching server's default, but priced

@@ -297,8 +297,9 @@ pub struct Rates {
     /// Seconds a cold load of the model took on the node.
     pub load_s: Option<f64>,
     /// On a node that hides its loads (`NodeView::hides_loads`): the seconds a request to the
-    /// pair idle past the keep-alive waited for a load before its prefill, on average (0: it
-    /// found the model in memory); `None` until such a request was answered.
+    /// pair idle past the keep-alive waited for a load before its prefill (0: it found the
+    /// model in memory); a decayed mean, so with spells minutes apart, mostly what the last
+    /// one showed; `None` until such a request was answered.
     pub idle_load_s: Option<f64>,
     /// Seconds a request held its seat (dispatch to end).
     pub service_s: Option<f64>,
@@ -530,36 +531,46 @@ pub struct Choice {
 /// What a request to an idle pair on a node that hides its loads was predicted to take
 /// without a load. Its answer shows a load when its first token came much later than its
 /// prefill explains, more than the node's decode was slower than predicted (a node slower
-/// all round is slow, not loading): a load is tens of prefills long, a slow node a few.
+/// all round is slow, not loading), and by at least `MIN_LOAD_S`: a load is seconds, many
+/// prefills long; a slow node is a few times slower at both.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IdleExpect {
-    /// Seconds from its send to its first token (prefill, no load), and per output token.
+    /// Seconds from its send to its first token (its wait and prefill, no load), and per
+    /// output token.
     pub first_s: f64,
     pub spt: f64,
     /// Nothing measured stood behind the prediction (the config's priors: without model
     /// sizes they can be off by a hundred times): the prefill is then judged from the answer's
-    /// own decode speed and the prefill-to-decode ratio the fleet measured (`guessed_first_s`).
+    /// own decode speed and the prefill-to-decode ratio the fleet measured.
     pub guessed: bool,
     /// Prompt tokens it was to prefill (uncached).
     pub prompt_tokens: u32,
+    /// The load it was charged (`Rates::idle_load_s`, else the model's other pairs'); `None`
+    /// when nothing was known of the node's loads: then it has no first-byte timeout (a load
+    /// of any length may come first), else the timeout allows for this much more.
+    pub load_s: Option<f64>,
 }
 
 impl IdleExpect {
     /// How many times the predicted prefill (scaled by how much slower the node decoded than
     /// predicted) the first token must be late by to read as a load.
     const LATE: f64 = 4.0;
+    /// Shorter is not a load worth pricing, and after an idle spell a new connection (its
+    /// pooled one long closed) and the node's own warm-up come first.
+    const MIN_LOAD_S: f64 = 0.25;
 
-    /// Seconds the answer waited for a load (0: none shown). Streamed: its first token against
-    /// the predicted prefill; whole: its end against prefill and decode. `ratio`: prompt
-    /// tokens/s per output token/s and the TTFT no prompt explains, as the fleet measured
-    /// them (for a guessed prediction).
+    /// Seconds the answer waited for a load (0: none shown; `None`: it cannot tell, e.g. a
+    /// whole reply predicted from priors). Streamed: its first token against the predicted
+    /// prefill; whole: its end against prefill and decode. `ratio`: prompt tokens/s per output
+    /// token/s and the TTFT no prompt explains, as the fleet measured them (for a guessed
+    /// prediction).
     pub fn load_seen(
         &self,
         ttft_s: Option<f64>,
         service_s: f64,
         output_tokens: Option<u32>,
         ratio: (f64, f64),
-    ) -> f64 {
+    ) -> Option<f64> {
         let out = output_tokens.map_or(0.0, f64::from);
         let spt_seen = match ttft_s {
             Some(first) if out >= 2.0 => Some((service_s - first) / out),
@@ -571,7 +582,7 @@ impl IdleExpect {
                 ratio.1.max(0.0) + f64::from(self.prompt_tokens) * spt / ratio.0,
                 spt,
             ),
-            (true, _) => return 0.0,
+            (true, _) => return None,
             _ => (self.first_s, self.spt),
         };
         let (late, expected) = match ttft_s {
@@ -587,11 +598,11 @@ impl IdleExpect {
                 (service_s - expected, expected)
             }
         };
-        if late.is_finite() && expected.is_finite() && late > Self::LATE * expected.max(0.0) {
-            late
-        } else {
-            0.0
+        if !(late.is_finite() && expected.is_finite()) {
+            return None;
         }
+        let threshold = (Self::LATE * expected.max(0.0)).max(Self::MIN_LOAD_S);
+        Some(if late > threshold { late } else { 0.0 })
     }
 }
 
