@@ -16,13 +16,6 @@ use serde_json::{json, Value};
 /// A model on disk, not in memory: its first request waits 1.5 s for the load.
 const ON_DEMAND: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {name: m:1b, size_gb: 1, cold_load_ms: 1500}\n";
 
-fn by_url(id: &str, node: &fleetgate::sim::SimHandle) -> String {
-    format!(
-        "    - id: {id}\n      url: http://{}\n      backend: openai\n",
-        node.addr()
-    )
-}
-
 fn ask() -> Value {
     json!({"model": "m:1b", "stream": true, "max_tokens": 8,
         "messages": [{"role": "user", "content": "hello there"}]})
@@ -63,7 +56,7 @@ fn a_load_hidden_behind_the_model_list_is_learned_and_expected_after_the_keep_al
     let (a, b) = (sim(&rt, ON_DEMAND), sim(&rt, ON_DEMAND));
     let gw = Gateway::start(&format!(
         "timeouts:\n  first_byte_min_ms: 400\nrouting:\n  policy:\n    completion_keep_alive_s: 2\n{}",
-        fleet(&[by_url("a", &a), by_url("b", &b)])
+        fleet(&[node_by_url("a", &a), node_by_url("b", &b)])
     ));
     let loads = |id: &str| {
         let node = if id == "a" { &a } else { &b };

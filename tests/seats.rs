@@ -150,10 +150,7 @@ async fn node_status(gw: &Gateway) -> Value {
 
 /// A gateway over one node known by its URL only (`backend: openai`, no `capacity`).
 fn behind_openai(id: &str, node: &fleetgate::sim::SimHandle) -> Gateway {
-    Gateway::start(&fleet(&[format!(
-        "    - id: {id}\n      url: http://{}\n      backend: openai\n",
-        node.addr()
-    )]))
+    Gateway::start(&fleet(&[node_by_url(id, node)]))
 }
 
 /// `/fleet/status`'s seats of the node and where they came from.

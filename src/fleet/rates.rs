@@ -116,18 +116,18 @@ impl PairRates {
     /// Learn from one response.
     pub fn observe(&mut self, o: &Observation) {
         let now = o.now_ms;
+        // An idle pair's answer that waited for a load the node hid: learned as a cold one.
         if let Some(l) = o.idle_load_s {
             self.idle_load.add_any(l, now);
-            if l > 0.0 {
-                let o = Observation {
-                    cold: true,
-                    load_s: Some(l),
-                    idle_load_s: None,
-                    ..*o
-                };
-                return self.observe(&o);
-            }
         }
+        let o = &match o.idle_load_s {
+            Some(l) if l > 0.0 => Observation {
+                cold: true,
+                load_s: Some(l),
+                ..*o
+            },
+            _ => *o,
+        };
         let before = self.rates();
         self.service.add(o.service_s, now);
         if let Some(out) = o.output_tokens {

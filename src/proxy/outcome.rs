@@ -224,10 +224,11 @@ fn learn(
     // Sent to a pair idle past the keep-alive on a node that hides its loads: did the node
     // load the model first? (A node that does once is expected to after each such spell.)
     if let Some(idle) = c.idle {
-        let ratio = match idle.guessed {
-            true => fleet
-                .prefill_per_decode(fleet.config().routing.policy.completion_prefill_per_decode),
-            false => (0.0, 0.0),
+        let ratio = if idle.guessed {
+            let prior = fleet.config().routing.policy.completion_prefill_per_decode;
+            fleet.prefill_per_decode(prior)
+        } else {
+            (0.0, 0.0)
         };
         let load = idle.load_seen(o.ttft_s, o.service_s, o.output_tokens, ratio);
         if let Some(load) = load.filter(|l| *l > 0.0) {

@@ -46,12 +46,9 @@ pub async fn stalled(fleet: &Fleet, d: &Dispatch, since: Instant) -> String {
         };
         // A pair idle on a node that hides its loads may be loading unseen: the timeout
         // allows for the load its earlier answers showed; none known, as cold (no timeout).
-        let (expected, cold) = match c.idle {
-            Some(idle) => match idle.load_s.filter(|l| *l > 0.0) {
-                Some(load) => (expected.map(|ms| ms + load * 1000.0), c.cold),
-                None if idle.load_s.is_some() => (expected, c.cold),
-                None => (expected, true),
-            },
+        let (expected, cold) = match c.idle.map(|idle| idle.load_s) {
+            Some(None) => (expected, true),
+            Some(Some(load)) => (expected.map(|ms| ms + load * 1000.0), c.cold),
             None => (expected, c.cold),
         };
         let first_byte = first_byte_timeout(t, expected, cold);

@@ -583,6 +583,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         spt = spt_beside;
     }
     let total_s = wait_s + load_s + prefill_s + decode_s;
+    let from_priors = r.observed == 0 && !optimistic && typical.is_none();
     let imposed_s = if per_stream > 0.0 && others > 0 {
         per_stream / spt * beside_s(decode_s)
     } else {
@@ -616,11 +617,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         service_s,
         observed: r.observed,
         explored,
-        from_priors: r.observed == 0 && !optimistic && typical.is_none(),
+        from_priors,
         idle: (x.model.loaded && pair_idle(p, x)).then_some(IdleExpect {
             first_s: wait_s + unexplored.0,
             spt: unexplored.1,
-            guessed: r.observed == 0 && !optimistic && typical.is_none(),
+            guessed: from_priors,
             prompt_tokens: x.req.prompt_tokens - cached,
             load_s: known_idle_load(x),
         }),

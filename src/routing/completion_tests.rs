@@ -938,24 +938,33 @@ fn a_node_whose_models_share_its_seats_is_full_for_every_model() {
     assert!(d.ranked[0].seat_test.is_none());
 }
 
+/// `vllm`, whose seats nobody said (64 assumed, seen to run `seen` at once), at 100 tokens/s
+/// with requests running that end `ends` seconds from now; beside it `other`, idle, with
+/// `other_seats` seats at 50 tokens/s.
+fn assumed_beside(seen_at_once: u32, other_seats: u32, ends: &[f64]) -> (FleetView, TableLoads) {
+    let mut vllm = node("vllm", vec![loaded("a", 4.0)]);
+    vllm.seats = 64;
+    vllm.hard_cap = 256;
+    vllm.seats_assumed = true;
+    vllm.seats_seen = seen_at_once;
+    let mut f = fleet(vec![vllm, node("other", vec![loaded("a", 4.0)])]);
+    f.nodes[1].seats = other_seats;
+    let running = u32::try_from(ends.len()).unwrap();
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "a", queue(running, 0))
+        .ending(0, "a", ends);
+    (f, loads)
+}
+
 /// A node whose seats nobody said (a batching server's 64 assumed) that was seen to run two at
 /// once: with two running, a request sent to it is predicted to start at once (64 seats) and
 /// carries a test of the seats seen, the wait for the first of the two to end. Found to run
 /// no more than those two (the view then holds 2 seats, shared by its models), it is full.
 #[test]
 fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once() {
-    let mut vllm = node("vllm", vec![loaded("a", 4.0)]);
-    vllm.seats = 64;
-    vllm.hard_cap = 256;
-    vllm.seats_assumed = true;
-    vllm.seats_seen = 2;
-    let mut f = fleet(vec![vllm, node("other", vec![loaded("a", 4.0)])]);
-    f.nodes[1].seats = 2;
-    let loads = TableLoads::default()
-        .rated(0, "a", seen(100.0))
-        .rated(1, "a", seen(50.0))
-        .with(0, "a", queue(2, 0))
-        .ending(0, "a", &[3.0, 5.0]);
+    let (mut f, loads) = assumed_beside(2, 2, &[3.0, 5.0]);
     let r = req(&["a"], 100);
     let d = at(&r, &f, &loads);
     let p = predicted(&d, 0);
@@ -968,11 +977,7 @@ fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once()
     assert_near(test.shared_wait_s, 3.0, &p);
 
     // One running: under the streams seen, no test.
-    let one = TableLoads::default()
-        .rated(0, "a", seen(100.0))
-        .rated(1, "a", seen(50.0))
-        .with(0, "a", queue(1, 0))
-        .ending(0, "a", &[3.0]);
+    let (_, one) = assumed_beside(2, 2, &[3.0]);
     assert!(at(&r, &f, &one).ranked[0].seat_test.is_none());
 
     f.nodes[0].seats = 2;
@@ -1087,18 +1092,7 @@ fn a_late_first_token_is_a_load_a_slow_node_is_not() {
 /// free), and an idle node half as fast wins. Seen to run eight, it is priced at sixteen.
 #[test]
 fn a_burst_is_not_all_priced_onto_seats_nobody_said() {
-    let mut vllm = node("vllm", vec![loaded("a", 4.0)]);
-    vllm.seats = 64;
-    vllm.hard_cap = 256;
-    vllm.seats_assumed = true;
-    vllm.seats_seen = 1;
-    let mut f = fleet(vec![vllm, node("other", vec![loaded("a", 4.0)])]);
-    f.nodes[1].seats = 4;
-    let loads = TableLoads::default()
-        .rated(0, "a", seen(100.0))
-        .rated(1, "a", seen(50.0))
-        .with(0, "a", queue(6, 0))
-        .ending(0, "a", &[0.5; 6]);
+    let (mut f, loads) = assumed_beside(1, 4, &[0.5; 6]);
     let r = req(&["a"], 100);
     let d = at(&r, &f, &loads);
     let p = predicted(&d, 0);

@@ -133,6 +133,15 @@ pub fn node(id: &str, sim: &SimHandle, extra: &str) -> String {
     )
 }
 
+/// YAML for one fleet node known by its URL only (`backend: openai`, no `capacity`): what a
+/// user in front of vLLM, SGLang, llama.cpp or Ollama's `/v1` writes.
+pub fn node_by_url(id: &str, sim: &SimHandle) -> String {
+    format!(
+        "    - id: {id}\n      url: http://{}\n      backend: openai\n",
+        sim.addr()
+    )
+}
+
 pub fn fleet(nodes: &[String]) -> String {
     format!("fleet:\n  nodes:\n{}", nodes.concat())
 }
