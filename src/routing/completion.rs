@@ -59,7 +59,9 @@
 //! pair of the same model has a request in flight, is predicted with the best rates the fleet
 //! has observed for the same model (`peer`), so an untried node gets the next request it could
 //! finish as soon as the best known one would; while a probe is under way every untried pair
-//! is taken as a typical node (the mean of the observed ones). A pair with no response in
+//! is taken as a typical node (the mean of the observed ones). Not so a pair whose node the
+//! config describes as the same machine as one that answered the model (`Input::twin`,
+//! `NodeView::twin_key`): it is priced as that one, undiscounted. A pair with no response in
 //! `completion_explore_after_s` (or none ever) has its prefill and decode multiplied by
 //! `completion_explore_factor`, so a node that was slow once is tried again; deterministic in
 //! `now_ms`. Never for a turn of a conversation this gateway has served (`cached_on`): it goes
@@ -140,6 +142,10 @@ pub(super) struct Input<'a> {
     /// The best prefill and decode its node has shown on other models; set (by the caller)
     /// only for a pair never observed.
     pub node_best: Option<Rates>,
+    /// The same model's rates on a node the config describes as the same machine
+    /// ([`NodeView::twin_key`]): how a pair never observed is expected to do; set (by the
+    /// caller) only for such a pair, from the twin that answered most.
+    pub twin: Option<Rates>,
     pub needed_tokens: u64,
     pub now_ms: u64,
     /// Seconds until each request running on the pair is predicted to end (any order; 0 for
@@ -350,9 +356,26 @@ fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
 }
 
 fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
-    let (rates, optimistic) = match x.peer {
+    let twin = x.twin.filter(|_| x.rates.observed == 0);
+    let (rates, optimistic) = match (twin, x.peer) {
+        // A node configured as one that answered is priced as that one, not as the model's
+        // best node: of two alike laptops, the second is not tried as if it were the
+        // workstation. Nor discounted by `completion_explore_factor`: it gets a request when
+        // its twin's price wins (which teaches its own), not one per node to learn what the
+        // twin already showed.
+        (Some(twin), _) => (
+            Rates {
+                load_s: x.rates.load_s,
+                idle_load_s: x.rates.idle_load_s,
+                observed: 0,
+                last_ms: None,
+                gap_s: None,
+                ..twin
+            },
+            true,
+        ),
         _ if held_back(x) => (x.rates, false),
-        Some(peers) if x.rates.observed == 0 => {
+        (None, Some(peers)) if x.rates.observed == 0 => {
             let from = if probe_out(x, &peers) {
                 peers.mean
             } else {
@@ -797,6 +820,7 @@ mod tests {
             rates,
             peer: None,
             node_best: None,
+            twin: None,
             needed_tokens: 2_000,
             now_ms: 1_000_000,
             seat_ends: &[],

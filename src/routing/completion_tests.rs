@@ -63,6 +63,16 @@ fn fleet_of_4_seats(nodes: Vec<NodeView>) -> FleetView {
     f
 }
 
+/// `f` with each node's memory told apart (64, 72, 80 ... GB): machines the config does not
+/// describe as the same (`NodeView::twin_key`), so an untried one is priced from the fleet's
+/// observed rates, not as a twin of one that answered.
+fn told_apart(mut f: FleetView) -> FleetView {
+    for (i, n) in f.nodes.iter_mut().enumerate() {
+        n.memory_gb = 64.0 + 8.0 * i as f64;
+    }
+    f
+}
+
 /// Nodes of 4 seats, each with `m` (`gb` GB) loaded.
 fn alike(ids: &[&str], gb: f64) -> FleetView {
     fleet_of_4_seats(
@@ -351,11 +361,11 @@ fn a_full_node_whose_seats_free_first_wins() {
 /// answered its own rates decide.
 #[test]
 fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
-    let f = fleet_of_4_seats(vec![
+    let f = told_apart(fleet_of_4_seats(vec![
         node("known", vec![loaded("m", 5.0)]),
         node("slow", vec![loaded("m", 5.0)]),
         node("fresh", vec![loaded("m", 5.0)]),
-    ]);
+    ]));
     let r = req(&["m"], 1_000);
     // The known node is busy with 2 streams (each adds 5 ms per token): the untried node,
     // assumed as fast as the known one alone, finishes sooner.
@@ -386,17 +396,63 @@ fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
     assert_near(prediction.decode_tps, 20.0, &prediction);
 }
 
+/// A node the config describes as the same machine as one that answered (the same memory and
+/// seats) is priced as that one until its own first answer, not as the model's best node: the
+/// second laptop of a home lab is not tried as if it were the workstation while the
+/// workstation has room (on the home-lab bench each laptop's first request took ~1.5 s where
+/// the workstation answered in ~0.3).
+#[test]
+fn an_untried_node_alike_one_that_answered_is_priced_as_that_one() {
+    let mut f = fleet(vec![
+        node("workstation", vec![loaded("m", 5.0)]),
+        node("laptop-1", vec![loaded("m", 5.0)]),
+        node("laptop-2", vec![loaded("m", 5.0)]),
+    ]);
+    f.nodes[0].seats = 8;
+    for n in &mut f.nodes[1..] {
+        n.seats = 2;
+        n.memory_gb = 8.0;
+    }
+    let r = req(&["m"], 1_000);
+    // The workstation at 100 tokens/s alone, +5 ms per token for each further stream, running
+    // 2; laptop-1 at 25 tokens/s.
+    let busy = Rates {
+        decode_spt_per_stream: Some(0.005),
+        ..seen(100.0)
+    };
+    let loads = TableLoads::default()
+        .rated(0, "m", busy)
+        .with(0, "m", queue(2, 0))
+        .rated(1, "m", seen(25.0));
+    let d = at(&r, &f, &loads);
+    assert_eq!(d.winner().unwrap().node_id, "workstation");
+    let p = predicted(&d, 2);
+    assert_near(p.decode_tps, 25.0, &p);
+    assert_near(p.prefill_tps, 500.0, &p);
+    assert_eq!(p.observed, 0);
+    // Another machine (other memory): priced at the fleet's best, and tried.
+    f.nodes[2].memory_gb = 16.0;
+    let d = at(&r, &f, &loads);
+    assert_eq!(d.winner().unwrap().node_id, "laptop-2");
+    // Nodes given by URL only (no memory, seats assumed) are not alike: nothing was said.
+    let mut by_url = f.nodes[1].clone();
+    by_url.memory_gb = 0.0;
+    by_url.seats_assumed = true;
+    assert_eq!(by_url.twin_key(), None);
+    assert!(f.nodes[1].twin_key().is_some());
+}
+
 /// One probe per model at a time, fleet-wide: while one untried node is being tried, every
 /// other untried node is a typical node too, so a fleet of 32 does not send a request to each
 /// of its 26 unknown nodes at once (each a slow node's worth of waiting for a client).
 #[test]
 fn while_one_untried_node_is_probed_the_others_are_typical() {
-    let f = fleet_of_4_seats(vec![
+    let f = told_apart(fleet_of_4_seats(vec![
         node("known", vec![loaded("m", 5.0)]),
         node("slow", vec![loaded("m", 5.0)]),
         node("fresh-a", vec![loaded("m", 5.0)]),
         node("fresh-b", vec![loaded("m", 5.0)]),
-    ]);
+    ]));
     let r = req(&["m"], 1_000);
     let loads = known_busy_and_slow();
     // Nothing being probed: an untried node is predicted with the best rates and wins.
@@ -708,7 +764,7 @@ fn a_prefill_floor_is_raised_to_the_typical_measured_rate() {
 /// probe answers.
 #[test]
 fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
-    let f = alike(&["known", "fresh-a", "fresh-b"], 5.0);
+    let f = told_apart(alike(&["known", "fresh-a", "fresh-b"], 5.0));
     let r = req(&["m"], 1_000);
     let loads = TableLoads::default()
         .rated(0, "m", seen(100.0))
@@ -732,7 +788,7 @@ fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
 /// is a copy of the observed one, and the wait decides.
 #[test]
 fn when_the_one_node_seen_is_full_an_untried_one_is_priced_as_its_copy() {
-    let f = alike(&["known", "fresh-a", "fresh-b"], 5.0);
+    let f = told_apart(alike(&["known", "fresh-a", "fresh-b"], 5.0));
     let r = req(&["m"], 1_000);
     let known_running = |n| {
         TableLoads::default()
@@ -1111,7 +1167,7 @@ fn a_burst_is_not_all_priced_onto_seats_nobody_said() {
 /// node seen to be fast rather than piling onto the probe.
 #[test]
 fn a_model_of_unknown_size_is_not_priced_as_instant() {
-    let f = alike(&["a", "b"], 0.0);
+    let f = told_apart(alike(&["a", "b"], 0.0));
     let loads = TableLoads::default()
         .rated(0, "m", seen(100.0))
         .with(1, "m", queue(1, 0));

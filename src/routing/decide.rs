@@ -226,6 +226,7 @@ fn decide_once(
                                 } else {
                                     None
                                 },
+                                twin: twin(fleet, &rates, idx, pos, n_models),
                                 needed_tokens: needed,
                                 now_ms,
                                 seat_ends: &ends,
@@ -565,6 +566,7 @@ fn add_cached_prefix(
             rates,
             peer: post.peers[pos],
             node_best: node_best.flatten(),
+            twin: twin(post.fleet, post.rates, idx, pos, n_models),
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
             seat_ends: &ends,
@@ -639,6 +641,30 @@ fn node_best(
         }
     }
     best
+}
+
+/// For a pair never observed, the same model's rates on the node of the same machine
+/// (`NodeView::twin_key`) that answered it most; `None` for an observed pair, or when no such
+/// node answered it. `rates` in table order.
+fn twin(
+    fleet: &FleetView,
+    rates: &[Rates],
+    idx: usize,
+    pos: usize,
+    n_models: usize,
+) -> Option<Rates> {
+    if rates[idx * n_models + pos].observed > 0 {
+        return None;
+    }
+    let key = fleet.nodes[idx].twin_key()?;
+    fleet
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(j, n)| *j != idx && n.twin_key() == Some(key))
+        .map(|(j, _)| rates[j * n_models + pos])
+        .filter(|r| r.observed > 0)
+        .max_by_key(|r| r.observed)
 }
 
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol

@@ -185,6 +185,31 @@ impl NodeView {
     pub fn model(&self, name: &str) -> Option<&ModelView> {
         self.models.iter().find(|m| m.name == name)
     }
+
+    /// What the config (or the backend) says of the machine: its memory, its seats, the
+    /// speeds a user gave, whether it hides its loads. Nodes with the same key are taken as
+    /// the same machine (`completion::Input::twin`): the laptops of a home lab, a fleet's
+    /// racks of one build. `None` when neither memory nor seats were said: nodes given by URL
+    /// only all look alike, which says nothing.
+    pub fn twin_key(&self) -> Option<[u64; 7]> {
+        let seats = if self.seats_assumed {
+            0
+        } else {
+            u64::from(self.seats)
+        };
+        let bits = |x: Option<f64>| x.map_or(0, f64::to_bits);
+        (self.memory_gb > 0.0 || seats > 0).then(|| {
+            [
+                self.memory_gb.to_bits(),
+                seats,
+                bits(self.bandwidth_gbps),
+                bits(self.decode_tps),
+                bits(self.prefill_tps),
+                bits(self.load_gbps),
+                u64::from(self.hides_loads),
+            ]
+        })
+    }
 }
 
 /// The fleet at one moment: built when the fleet changes, shared read-only.
