@@ -96,3 +96,47 @@ fn a_load_hidden_behind_the_model_list_is_learned_and_expected_after_the_keep_al
         assert_eq!(loads(&first), 2);
     });
 }
+
+/// A request sent while another waits for a hidden reload (the pair is busy, so not idle)
+/// waits for the rest of that load too: explain charges it what is left, and its first-byte
+/// timeout allows for it. Before, it was priced and timed as warm: its 400 ms floor ran out
+/// during the reload and a pinned request got a 502.
+#[test]
+fn a_request_that_joins_a_hidden_reload_waits_for_it_too() {
+    let rt = runtime();
+    let a = sim(&rt, ON_DEMAND);
+    let gw = Gateway::start(&format!(
+        "timeouts:\n  first_byte_min_ms: 400\nrouting:\n  policy:\n    completion_keep_alive_s: 2\n{}",
+        fleet(&[node_by_url("a", &a)])
+    ));
+    rt.block_on(async {
+        // The first answer shows the 1.5 s load; the warm ones after it make the first-byte
+        // timeout its 400 ms floor (an average of ~20 ms that has forgotten the load).
+        for _ in 0..17 {
+            stream(&gw, None).await;
+        }
+        a.control().unload_model("m:1b");
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        // One request reloads it; 300 ms in, another joins.
+        let first = tokio::spawn({
+            let gw_url = gw.url("/v1/chat/completions");
+            async move {
+                let r = client().post(gw_url).json(&ask()).send().await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = predicted_load(&gw, "a").await;
+        assert!(
+            (0.8..1.6).contains(&left),
+            "a request now waits for the rest of the reload: {left}"
+        );
+        let (node, retries) = stream(&gw, Some("a")).await;
+        assert_eq!((node.as_str(), retries.as_str()), ("a", "0"));
+        let (status, body) = first.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(a.control().stats().loads.len(), 2, "one reload, shared");
+        // Loaded again: nothing more is expected.
+        assert_eq!(predicted_load(&gw, "a").await, 0.0);
+    });
+}

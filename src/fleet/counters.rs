@@ -46,6 +46,10 @@ pub struct ModelCounters {
     /// [`LOADED`]: the model is known to be in, so a request still marked cold from before
     /// it came in starts nothing).
     load_since_ms: AtomicU64,
+    /// On a node that hides its loads (`backend: openai`): when the request sent to the pair
+    /// idle past the keep-alive went out, ms, until the pair's first byte (0: none under way).
+    /// A request sent meanwhile waits for the same unseen load.
+    hidden_load_since_ms: AtomicU64,
 }
 
 /// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
@@ -160,6 +164,34 @@ impl ModelCounters {
                 0 | LOADED => None,
                 t => Some(t),
             },
+            hidden_load_since_ms: match self.hidden_load_since_ms.load(Ordering::Relaxed) {
+                0 => None,
+                t => Some(t),
+            },
+        }
+    }
+
+    /// A request that may wait for a load the node hides (sent to the pair idle past the
+    /// keep-alive, or while such a one has not had its first byte) is sent at `now_ms`: the
+    /// first starts the spell, the later ones join it. Returns how long it has been under way,
+    /// seconds (0 for the one that starts it).
+    pub fn hidden_load_sent(&self, now_ms: u64) -> f64 {
+        let now = now_ms.max(1);
+        match self.hidden_load_since_ms.compare_exchange(
+            0,
+            now,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => 0.0,
+            Err(since) => now.saturating_sub(since) as f64 / 1000.0,
+        }
+    }
+
+    /// A first byte came from the pair: whatever it loaded is in.
+    pub fn first_byte(&self) {
+        if self.hidden_load_since_ms.load(Ordering::Relaxed) != 0 {
+            self.hidden_load_since_ms.store(0, Ordering::Relaxed);
         }
     }
 
@@ -207,10 +239,17 @@ impl ModelCounters {
     /// meanwhile is kept.
     pub fn lease_ended(&self) {
         let since = self.load_since_ms.load(Ordering::Relaxed);
-        if self.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 && since != LOADED {
-            let _ =
-                self.load_since_ms
-                    .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed);
+        if self.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // Nobody left to wait for a hidden load: over, or failed.
+            self.first_byte();
+            if since != LOADED {
+                let _ = self.load_since_ms.compare_exchange(
+                    since,
+                    0,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
         }
     }
 
@@ -296,6 +335,22 @@ mod tests {
     /// The first cold request starts a load, a second one joins it 3 s in; once the model is in
     /// a request still marked cold from before starts nothing; out again, the next one starts
     /// a load; the last request to end forgets a load that never came in.
+    /// A hidden load: the idle pair's request starts it, one sent 300 ms later joins it, the
+    /// pair's first byte ends it; a spell whose requests all ended unanswered is forgotten.
+    #[test]
+    fn a_hidden_load_is_started_joined_and_ended_by_a_first_byte() {
+        let c = ModelCounters::default();
+        assert_eq!(c.hidden_load_sent(10_000), 0.0);
+        assert_eq!(c.load().hidden_load_since_ms, Some(10_000));
+        assert_eq!(c.hidden_load_sent(10_300), 0.3);
+        c.first_byte();
+        assert_eq!(c.load().hidden_load_since_ms, None);
+        c.in_flight.store(1, Ordering::Relaxed);
+        assert_eq!(c.hidden_load_sent(20_000), 0.0);
+        c.lease_ended();
+        assert_eq!(c.load().hidden_load_since_ms, None);
+    }
+
     #[test]
     fn a_cold_load_is_started_joined_and_forgotten() {
         let c = ModelCounters::default();

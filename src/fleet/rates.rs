@@ -116,9 +116,17 @@ impl PairRates {
     /// Learn from one response.
     pub fn observe(&mut self, o: &Observation) {
         let now = o.now_ms;
-        // An idle pair's answer that waited for a load the node hid: learned as a cold one.
+        // An idle pair's answer that waited for a load the node hid: learned as a cold one. One
+        // that joined such a load (sent before the pair's first byte) waited for the rest of
+        // it: the whole is that plus the time it had been under way; if it showed none, the
+        // load was over by its turn, which says nothing of its length.
         if let Some(l) = o.idle_load_s {
-            self.idle_load.add_any(l, now);
+            let under_way = Some(o.load_under_way_s).filter(|u| u.is_finite() && *u > 0.0);
+            match (l > 0.0, under_way) {
+                (true, u) => self.idle_load.add_any(l + u.unwrap_or(0.0), now),
+                (false, None) => self.idle_load.add_any(0.0, now),
+                (false, Some(_)) => {}
+            }
         }
         let o = &match o.idle_load_s {
             Some(l) if l > 0.0 => Observation {
@@ -610,6 +618,30 @@ mod tests {
         p.observe(&warm);
         let after = p.rates().idle_load_s.unwrap();
         assert!(after < 1e-6, "the last spell's: none ({after})");
+    }
+
+    /// A request that joined a hidden load 0.5 s in waited 1 s for the rest: the load took
+    /// 1.5 s, and its TTFT is not a prefill. One that joined and waited for none says nothing
+    /// of the load's length.
+    #[test]
+    fn a_request_that_joined_a_hidden_load_teaches_the_whole_load() {
+        let mut p = PairRates::default();
+        p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
+        let before = p.rates().prefill_tps;
+        let mut joined = response(400_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        joined.ttft_s = joined.ttft_s.map(|t| t + 1.0);
+        joined.service_s += 1.0;
+        joined.idle_load_s = Some(1.0);
+        joined.load_under_way_s = 0.5;
+        p.observe(&joined);
+        let r = p.rates();
+        assert_eq!((r.idle_load_s, r.load_s), (Some(1.5), Some(1.5)), "{r:?}");
+        assert_eq!(r.prefill_tps, before);
+        let mut late = response(800_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        late.idle_load_s = Some(0.0);
+        late.load_under_way_s = 1.2;
+        p.observe(&late);
+        assert_eq!(p.rates().idle_load_s, Some(1.5));
     }
 
     /// A request sent 8 s into a load waits 4 s for the rest of it: the load took 12 s, and

@@ -133,6 +133,8 @@ impl Dispatch {
         if let Some(lease) = st.lease.as_mut() {
             st.load_under_way_s = if choice.cold {
                 lease.counters.load_sent(now_ms)
+            } else if choice.idle.is_some() {
+                lease.counters.hidden_load_sent(now_ms)
             } else {
                 0.0
             };

@@ -335,6 +335,7 @@ impl Exchange<'_> {
                 let sent_ms = st.sent_ms;
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
+                    lease.counters.first_byte();
                     let ahead = lease.first_byte(now);
                     if self.d.stream {
                         lease.start_decoding(now);

@@ -15,7 +15,8 @@
 //!           same load meanwhile); one past its time: as long again as it has overrun.
 //!           Listed as loaded on a node that hides its loads (`backend: openai`), idle past
 //!           `completion_keep_alive_s`: the load the pair's requests after such a spell
-//!           waited for (zeros count), else the model's other pairs' (`idle_load_s`)
+//!           waited for (zeros count), else the model's other pairs' (`idle_load_s`);
+//!           sent while such a request waits for its first byte: what is left of that load
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c - 1 = the streams beside it on average over
@@ -641,13 +642,15 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         observed: r.observed,
         explored,
         from_priors,
-        idle: (x.model.loaded && pair_idle(p, x)).then_some(IdleExpect {
-            first_s: wait_s + unexplored.0,
-            spt: unexplored.1,
-            guessed: from_priors,
-            prompt_tokens: x.req.prompt_tokens - cached,
-            load_s: known_idle_load(x),
-        }),
+        idle: (x.model.loaded && (pair_idle(p, x) || joined_s(x).is_some())).then_some(
+            IdleExpect {
+                first_s: wait_s + unexplored.0,
+                spt: unexplored.1,
+                guessed: from_priors,
+                prompt_tokens: x.req.prompt_tokens - cached,
+                load_s: known_idle_load(x).map(|l| left_of(l, joined_s(x))),
+            },
+        ),
     }
 }
 
@@ -774,11 +777,28 @@ pub(super) fn pair_idle(p: &Policy, x: &Input<'_>) -> bool {
 /// last spell's),
 /// else the model's other pairs' (an untried pair's first request is one: of a model that is
 /// loaded on one box of fourteen and on disk on the rest, what the first tries showed).
+/// A request sent now joins one sent to the idle pair that has had no first byte yet: it
+/// waits for the rest of that load, charged as a cold load under way is (`load_s`).
 fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
-    if !pair_idle(p, x) {
+    let joined = joined_s(x);
+    if joined.is_none() && !pair_idle(p, x) {
         return 0.0;
     }
-    known_idle_load(x).unwrap_or(0.0)
+    known_idle_load(x).map_or(0.0, |l| left_of(l, joined))
+}
+
+/// Seconds a load the node hides has been under way on the pair: a request sent to it idle
+/// past the keep-alive is still waiting for its first byte (`ModelLoad::hidden_load_since_ms`).
+fn joined_s(x: &Input<'_>) -> Option<f64> {
+    let since = x.load.hidden_load_since_ms?;
+    (x.node.hides_loads && x.load.in_flight > 0)
+        .then(|| x.now_ms.saturating_sub(since) as f64 / 1000.0)
+}
+
+/// What is left of a `whole`-second load `under_way` seconds in; one past its expected time
+/// is expected to take as long again as it has overrun (as `load_s`).
+fn left_of(whole: f64, under_way: Option<f64>) -> f64 {
+    under_way.map_or(whole, |u| (whole - u).abs())
 }
 
 /// The pair's idle load, else the model's other pairs'; `None`: nothing known.

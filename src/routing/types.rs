@@ -230,6 +230,10 @@ pub struct ModelLoad {
     /// When the first request of a cold load of the model was sent, ms: while the model is not
     /// loaded and a request holds it, the load has been under way since then.
     pub loading_since_ms: Option<u64>,
+    /// On a node that hides its loads: when a request sent to the pair idle past the
+    /// keep-alive went out, ms, while the pair has sent no first byte since (it may be loading
+    /// unseen, and a request sent now waits for the rest of that load).
+    pub hidden_load_since_ms: Option<u64>,
 }
 
 impl ModelLoad {
@@ -570,7 +574,8 @@ pub struct IdleExpect {
     pub guessed: bool,
     /// Prompt tokens it was to prefill (uncached).
     pub prompt_tokens: u32,
-    /// The load it was charged (`Rates::idle_load_s`, else the model's other pairs'); `None`
+    /// The load it was charged (`Rates::idle_load_s`, else the model's other pairs'; for a
+    /// request that joins one under way, what is left of it); `None`
     /// when nothing was known of the node's loads: then it has no first-byte timeout (a load
     /// of any length may come first), else the timeout allows for this much more.
     pub load_s: Option<f64>,
