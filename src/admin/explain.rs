@@ -214,7 +214,11 @@ fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
         p.pace,
         p.service_s,
         p.observed,
-        if p.explored { "*" } else { " " }
+        match (p.twin, p.explored) {
+            (true, _) => "=",
+            (false, true) => "*",
+            (false, false) => " ",
+        }
     )
 }
 

@@ -171,10 +171,10 @@ impl ModelCounters {
         }
     }
 
-    /// A request that may wait for a load the node hides (sent to the pair idle past the
-    /// keep-alive, or while such a one has not had its first byte) is sent at `now_ms`: the
-    /// first starts the spell, the later ones join it. Returns how long it has been under way,
-    /// seconds (0 for the one that starts it).
+    /// A streamed request to the pair idle past the keep-alive, on a node that hides its
+    /// loads, is sent at `now_ms`: it starts a spell in which later requests wait for the same
+    /// unseen load (or joins one under way). Returns how long that has been under way, seconds
+    /// (0 for the one that starts it).
     pub fn hidden_load_sent(&self, now_ms: u64) -> f64 {
         let now = now_ms.max(1);
         match self.hidden_load_since_ms.compare_exchange(
@@ -188,10 +188,26 @@ impl ModelCounters {
         }
     }
 
+    /// A request placed to join a hidden load is sent at `now_ms`: how long the load has been
+    /// under way, seconds; `None` when it is over (the request waited for a seat meanwhile).
+    pub fn hidden_load_join(&self, now_ms: u64) -> Option<f64> {
+        match self.hidden_load_since_ms.load(Ordering::Relaxed) {
+            0 => None,
+            since => Some(now_ms.saturating_sub(since) as f64 / 1000.0),
+        }
+    }
+
     /// A first byte came from the pair: whatever it loaded is in.
     pub fn first_byte(&self) {
-        if self.hidden_load_since_ms.load(Ordering::Relaxed) != 0 {
-            self.hidden_load_since_ms.store(0, Ordering::Relaxed);
+        let since = self.hidden_load_since_ms.load(Ordering::Relaxed);
+        if since != 0 {
+            // Not a spell another request started since the load above.
+            let _ = self.hidden_load_since_ms.compare_exchange(
+                since,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -239,9 +255,18 @@ impl ModelCounters {
     /// meanwhile is kept.
     pub fn lease_ended(&self) {
         let since = self.load_since_ms.load(Ordering::Relaxed);
+        let hidden = self.hidden_load_since_ms.load(Ordering::Relaxed);
         if self.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // Nobody left to wait for a hidden load: over, or failed.
-            self.first_byte();
+            // Nobody left to wait for a hidden load: over, or failed (a spell a request
+            // started since is kept).
+            if hidden != 0 {
+                let _ = self.hidden_load_since_ms.compare_exchange(
+                    hidden,
+                    0,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
             if since != LOADED {
                 let _ = self.load_since_ms.compare_exchange(
                     since,
@@ -332,9 +357,6 @@ fn ewma(slot: &AtomicU64, x: f64) {
 mod tests {
     use super::*;
 
-    /// The first cold request starts a load, a second one joins it 3 s in; once the model is in
-    /// a request still marked cold from before starts nothing; out again, the next one starts
-    /// a load; the last request to end forgets a load that never came in.
     /// A hidden load: the idle pair's request starts it, one sent 300 ms later joins it, the
     /// pair's first byte ends it; a spell whose requests all ended unanswered is forgotten.
     #[test]
@@ -343,7 +365,14 @@ mod tests {
         assert_eq!(c.hidden_load_sent(10_000), 0.0);
         assert_eq!(c.load().hidden_load_since_ms, Some(10_000));
         assert_eq!(c.hidden_load_sent(10_300), 0.3);
+        assert_eq!(c.hidden_load_join(10_500), Some(0.5));
         c.first_byte();
+        assert_eq!(c.load().hidden_load_since_ms, None);
+        assert_eq!(
+            c.hidden_load_join(11_000),
+            None,
+            "over: a joiner starts nothing"
+        );
         assert_eq!(c.load().hidden_load_since_ms, None);
         c.in_flight.store(1, Ordering::Relaxed);
         assert_eq!(c.hidden_load_sent(20_000), 0.0);
@@ -351,6 +380,9 @@ mod tests {
         assert_eq!(c.load().hidden_load_since_ms, None);
     }
 
+    /// The first cold request starts a load, a second one joins it 3 s in; once the model is in
+    /// a request still marked cold from before starts nothing; out again, the next one starts
+    /// a load; the last request to end forgets a load that never came in.
     #[test]
     fn a_cold_load_is_started_joined_and_forgotten() {
         let c = ModelCounters::default();

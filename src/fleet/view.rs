@@ -98,6 +98,27 @@ pub(super) fn seats_assumed(cfg: &NodeConfig, live: &NodeLive) -> bool {
         .is_some_and(|(_, from)| from == "default_batching")
 }
 
+/// What the user wrote of the machine: its memory, seats and ceiling, the speeds given, the
+/// backend. Two nodes with the same key are taken as the same machine, the laptops of a home
+/// lab or a fleet's racks of one build, until each answers for itself. Config only (a
+/// heartbeat's figures or a backend's slot count would make different machines alike), and
+/// only with `memory_gb` written: nodes given by URL only are nobody's twins.
+pub fn twin_key(cfg: &NodeConfig) -> Option<[u64; 8]> {
+    let bits = |x: Option<f64>| x.map_or(0, f64::to_bits);
+    cfg.memory_gb.map(|gb| {
+        [
+            gb.to_bits(),
+            u64::from(cfg.seats.unwrap_or(0)),
+            u64::from(cfg.hard_cap.unwrap_or(0)),
+            bits(cfg.bandwidth_gbps),
+            bits(cfg.prefill_tps),
+            bits(cfg.decode_tps),
+            bits(cfg.load_gbps),
+            cfg.backend as u64,
+        ]
+    })
+}
+
 /// The model list and static facts (config + last poll).
 pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
     let mut models: Vec<ModelView> = Vec::new();
@@ -174,6 +195,7 @@ pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
         prefill_tps: cfg.prefill_tps,
         decode_tps: cfg.decode_tps,
         load_gbps: cfg.load_gbps,
+        twin_key: twin_key(cfg),
         seats,
         hard_cap: cfg.hard_cap.unwrap_or(seats * 4).max(seats),
         tier: cfg.tier,
@@ -186,5 +208,36 @@ pub(super) fn models_view(cfg: &NodeConfig, live: &NodeLive) -> NodeView {
         output_reserve: cfg.output_reserve,
         overhead_tokens: cfg.overhead_tokens,
         ..NodeView::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::twin_key;
+    use crate::config::Config;
+
+    /// Nodes are twins when the user wrote the same memory (and the same seats, speeds and
+    /// backend); without `memory_gb` nobody is, whatever else matches.
+    #[test]
+    fn twins_are_the_machines_the_config_describes_alike() {
+        let c = Config::from_yaml(
+            r#"
+fleet:
+  nodes:
+    - { id: laptop-1, url: "http://127.0.0.1:1", backend: ollama, capacity: 2, memory_gb: 16 }
+    - { id: laptop-2, url: "http://127.0.0.1:2", backend: ollama, capacity: 2, memory_gb: 16 }
+    - { id: laptop-3, url: "http://127.0.0.1:3", backend: ollama, capacity: 4, memory_gb: 16 }
+    - { id: mini, url: "http://127.0.0.1:4", backend: openai, capacity: 2, memory_gb: 16 }
+    - { id: by-url-1, url: "http://127.0.0.1:5", backend: ollama, capacity: 2 }
+    - { id: by-url-2, url: "http://127.0.0.1:6", backend: ollama, capacity: 2 }
+"#,
+        )
+        .expect("valid");
+        let keys: Vec<_> = c.nodes.iter().map(twin_key).collect();
+        assert!(keys[0].is_some());
+        assert_eq!(keys[0], keys[1]);
+        assert_ne!(keys[0], keys[2], "other seats");
+        assert_ne!(keys[0], keys[3], "other backend");
+        assert_eq!((keys[4], keys[5]), (None, None), "no memory written");
     }
 }

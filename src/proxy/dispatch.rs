@@ -75,6 +75,9 @@ pub struct Attempts {
     /// How long the load the current attempt waits for had been under way at its send (0: it
     /// started it, or the model was loaded).
     pub load_under_way_s: f64,
+    /// Sent to join a load the node hides (`IdleExpect::joined`) and one was still under way
+    /// when it went: only then does its answer say anything of that load.
+    pub joined_hidden_load: bool,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -131,12 +134,21 @@ impl Dispatch {
         st.sent_ms = now_ms;
         let choice = &self.ranked[st.current];
         if let Some(lease) = st.lease.as_mut() {
+            // A request to a pair idle past the keep-alive on a node that hides its loads
+            // starts a spell in which later ones wait for the same load (streamed: its first
+            // byte ends the spell; a whole reply's comes at its end). One placed to join such
+            // a spell joins it if it is still under way when the request goes (it may have
+            // waited for a seat meanwhile), and starts none.
+            let joined = match choice.idle {
+                Some(idle) if idle.joined => lease.counters.hidden_load_join(now_ms),
+                Some(_) if self.stream => Some(lease.counters.hidden_load_sent(now_ms)),
+                _ => None,
+            };
+            st.joined_hidden_load = joined.is_some() && choice.idle.is_some_and(|i| i.joined);
             st.load_under_way_s = if choice.cold {
                 lease.counters.load_sent(now_ms)
-            } else if choice.idle.is_some() {
-                lease.counters.hidden_load_sent(now_ms)
             } else {
-                0.0
+                joined.unwrap_or(0.0)
             };
             match (choice.predicted_run_s, choice.predicted_s) {
                 (Some(run_s), _) => {

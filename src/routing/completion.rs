@@ -118,6 +118,10 @@ pub struct Prediction {
     /// Responses the rates were learned from (0: priors only).
     pub observed: u32,
     pub explored: bool,
+    /// Never observed, priced as a node the config describes as the same machine
+    /// (`Input::twin`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub twin: bool,
     /// Neither the pair nor any peer of it was observed: the rates are the config's priors,
     /// which can be off by tens of times (its seat is not predicted free at this end).
     #[serde(skip)]
@@ -145,7 +149,7 @@ pub(super) struct Input<'a> {
     pub node_best: Option<Rates>,
     /// The same model's rates on a node the config describes as the same machine
     /// ([`NodeView::twin_key`]): how a pair never observed is expected to do; set (by the
-    /// caller) only for such a pair, from the twin that answered most.
+    /// caller) only for such a pair, from the twin that answered last.
     pub twin: Option<Rates>,
     pub needed_tokens: u64,
     pub now_ms: u64,
@@ -565,11 +569,13 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
     let wait_s = (seat_wait_s + node_wait_s).max(prefill_queue_tokens / prefill_tps);
     // The requests ahead on the pair wait for the same load (the model is not in, a request
-    // holds it): it runs while this one waits for their seats, whose predicted ends include it,
+    // holds it; or one the node hides is under way): it runs while this one waits for their
+    // seats, whose predicted ends include it,
     // and only what is left of it after that wait is its own. Not so for a reload to a larger
     // window (it starts when the requests on the loaded one are done) nor for a wait guessed
     // from the service time, which has no load in it.
-    let overlaps = known_wait.is_some() && !x.model.loaded && x.load.in_flight > 0;
+    let overlaps =
+        known_wait.is_some() && x.load.in_flight > 0 && (!x.model.loaded || joined_s(x).is_some());
     let load_s = if overlaps {
         (load_s(p, x) - seat_wait_s).max(0.0)
     } else {
@@ -641,6 +647,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         service_s,
         observed: r.observed,
         explored,
+        twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
         idle: (x.model.loaded && (pair_idle(p, x) || joined_s(x).is_some())).then_some(
             IdleExpect {
@@ -648,7 +655,8 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
                 spt: unexplored.1,
                 guessed: from_priors,
                 prompt_tokens: x.req.prompt_tokens - cached,
-                load_s: known_idle_load(x).map(|l| left_of(l, joined_s(x))),
+                joined: joined_s(x).is_some(),
+                load_s: known_idle_load(x),
             },
         ),
     }
@@ -789,10 +797,13 @@ fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
 
 /// Seconds a load the node hides has been under way on the pair: a request sent to it idle
 /// past the keep-alive is still waiting for its first byte (`ModelLoad::hidden_load_since_ms`).
+/// Past twice the load the pair is known for, it is taken as over (a long prefill, or an
+/// answer slow to start), not as a load that keeps growing.
 fn joined_s(x: &Input<'_>) -> Option<f64> {
     let since = x.load.hidden_load_since_ms?;
-    (x.node.hides_loads && x.load.in_flight > 0)
-        .then(|| x.now_ms.saturating_sub(since) as f64 / 1000.0)
+    let under_way = x.now_ms.saturating_sub(since) as f64 / 1000.0;
+    let known = known_idle_load(x).map_or(f64::INFINITY, |l| 2.0 * l);
+    (x.node.hides_loads && x.load.in_flight > 0 && under_way <= known).then_some(under_way)
 }
 
 /// What is left of a `whole`-second load `under_way` seconds in; one past its expected time

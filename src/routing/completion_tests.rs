@@ -63,16 +63,6 @@ fn fleet_of_4_seats(nodes: Vec<NodeView>) -> FleetView {
     f
 }
 
-/// `f` with each node's memory told apart (64, 72, 80 ... GB): machines the config does not
-/// describe as the same (`NodeView::twin_key`), so an untried one is priced from the fleet's
-/// observed rates, not as a twin of one that answered.
-fn told_apart(mut f: FleetView) -> FleetView {
-    for (i, n) in f.nodes.iter_mut().enumerate() {
-        n.memory_gb = 64.0 + 8.0 * i as f64;
-    }
-    f
-}
-
 /// Nodes of 4 seats, each with `m` (`gb` GB) loaded.
 fn alike(ids: &[&str], gb: f64) -> FleetView {
     fleet_of_4_seats(
@@ -361,11 +351,11 @@ fn a_full_node_whose_seats_free_first_wins() {
 /// answered its own rates decide.
 #[test]
 fn an_untried_node_is_probed_once_with_the_fleets_best_rates() {
-    let f = told_apart(fleet_of_4_seats(vec![
+    let f = fleet_of_4_seats(vec![
         node("known", vec![loaded("m", 5.0)]),
         node("slow", vec![loaded("m", 5.0)]),
         node("fresh", vec![loaded("m", 5.0)]),
-    ]));
+    ]);
     let r = req(&["m"], 1_000);
     // The known node is busy with 2 streams (each adds 5 ms per token): the untried node,
     // assumed as fast as the known one alone, finishes sooner.
@@ -409,9 +399,11 @@ fn an_untried_node_alike_one_that_answered_is_priced_as_that_one() {
         node("laptop-2", vec![loaded("m", 5.0)]),
     ]);
     f.nodes[0].seats = 8;
+    f.nodes[0].twin_key = Some([64, 8, 0, 0, 0, 0, 0, 0]);
     for n in &mut f.nodes[1..] {
         n.seats = 2;
         n.memory_gb = 8.0;
+        n.twin_key = Some([8, 2, 0, 0, 0, 0, 0, 0]);
     }
     let r = req(&["m"], 1_000);
     // The workstation at 100 tokens/s alone, +5 ms per token for each further stream, running
@@ -430,16 +422,13 @@ fn an_untried_node_alike_one_that_answered_is_priced_as_that_one() {
     assert_near(p.decode_tps, 25.0, &p);
     assert_near(p.prefill_tps, 500.0, &p);
     assert_eq!(p.observed, 0);
-    // Another machine (other memory): priced at the fleet's best, and tried.
-    f.nodes[2].memory_gb = 16.0;
-    let d = at(&r, &f, &loads);
-    assert_eq!(d.winner().unwrap().node_id, "laptop-2");
-    // Nodes given by URL only (no memory, seats assumed) are not alike: nothing was said.
-    let mut by_url = f.nodes[1].clone();
-    by_url.memory_gb = 0.0;
-    by_url.seats_assumed = true;
-    assert_eq!(by_url.twin_key(), None);
-    assert!(f.nodes[1].twin_key().is_some());
+    // Another machine (other memory), or one the config says nothing of: priced at the
+    // fleet's best, and tried.
+    for key in [Some([16, 2, 0, 0, 0, 0, 0, 0]), None] {
+        f.nodes[2].twin_key = key;
+        let d = at(&r, &f, &loads);
+        assert_eq!(d.winner().unwrap().node_id, "laptop-2");
+    }
 }
 
 /// One probe per model at a time, fleet-wide: while one untried node is being tried, every
@@ -447,12 +436,12 @@ fn an_untried_node_alike_one_that_answered_is_priced_as_that_one() {
 /// of its 26 unknown nodes at once (each a slow node's worth of waiting for a client).
 #[test]
 fn while_one_untried_node_is_probed_the_others_are_typical() {
-    let f = told_apart(fleet_of_4_seats(vec![
+    let f = fleet_of_4_seats(vec![
         node("known", vec![loaded("m", 5.0)]),
         node("slow", vec![loaded("m", 5.0)]),
         node("fresh-a", vec![loaded("m", 5.0)]),
         node("fresh-b", vec![loaded("m", 5.0)]),
-    ]));
+    ]);
     let r = req(&["m"], 1_000);
     let loads = known_busy_and_slow();
     // Nothing being probed: an untried node is predicted with the best rates and wins.
@@ -764,7 +753,7 @@ fn a_prefill_floor_is_raised_to_the_typical_measured_rate() {
 /// probe answers.
 #[test]
 fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
-    let f = told_apart(alike(&["known", "fresh-a", "fresh-b"], 5.0));
+    let f = alike(&["known", "fresh-a", "fresh-b"], 5.0);
     let r = req(&["m"], 1_000);
     let loads = TableLoads::default()
         .rated(0, "m", seen(100.0))
@@ -788,7 +777,7 @@ fn with_one_node_observed_a_probe_out_holds_the_other_untried_nodes_back() {
 /// is a copy of the observed one, and the wait decides.
 #[test]
 fn when_the_one_node_seen_is_full_an_untried_one_is_priced_as_its_copy() {
-    let f = told_apart(alike(&["known", "fresh-a", "fresh-b"], 5.0));
+    let f = alike(&["known", "fresh-a", "fresh-b"], 5.0);
     let r = req(&["m"], 1_000);
     let known_running = |n| {
         TableLoads::default()
@@ -1094,6 +1083,40 @@ fn a_load_a_node_hides_is_expected_where_the_model_may_be_out_of_memory() {
     assert!(d.ranked.iter().all(|c| c.idle.is_none()));
 }
 
+/// A request sent while one to the idle pair waits for its first byte joins the load the node
+/// hides: charged what is left of it (0.5 s into a 1.2 s load: 0.7 s), marked as joining, with
+/// the whole load for its first-byte allowance. Past twice the load known the spell is taken as
+/// over (a long prefill, a slow start), not as a load that keeps growing.
+#[test]
+fn a_request_joining_a_hidden_load_is_charged_what_is_left_of_it() {
+    let r = req(&["m"], 500);
+    let (f, loads) = hiding_a_and_b();
+    let now = 1_000_000 + 301_000;
+    let joining = |since_ms: u64| {
+        loads.clone().with(
+            0,
+            "m",
+            ModelLoad {
+                in_flight: 1,
+                hidden_load_since_ms: Some(since_ms),
+                ..ModelLoad::default()
+            },
+        )
+    };
+    let d = decide(&r, &f, &completion(), &joining(now - 500), now);
+    let p = predicted(&d, 0);
+    assert_near(p.load_s, 0.7, &p);
+    let idle = d.ranked.iter().find(|c| c.node_id == "a").unwrap().idle;
+    assert!(
+        idle.is_some_and(|i| i.joined && i.load_s == Some(1.2)),
+        "{idle:?}"
+    );
+    let d = decide(&r, &f, &completion(), &joining(now - 2_500), now);
+    assert_eq!(predicted(&d, 0).load_s, 0.0, "over");
+    let idle = d.ranked.iter().find(|c| c.node_id == "a").unwrap().idle;
+    assert!(idle.is_none(), "{idle:?}");
+}
+
 /// What an answer to an idle pair shows: a first token late by many prefills is a load; a
 /// node slower all round (its decode as much slower as its first token) is slow, not loading;
 /// a few hundred milliseconds (a new connection after the spell) are not a load.
@@ -1104,6 +1127,7 @@ fn a_late_first_token_is_a_load_a_slow_node_is_not() {
         spt: 0.01,
         guessed: false,
         prompt_tokens: 1_000,
+        joined: false,
         load_s: None,
     };
     let none = (0.0, 0.0);
@@ -1167,7 +1191,7 @@ fn a_burst_is_not_all_priced_onto_seats_nobody_said() {
 /// node seen to be fast rather than piling onto the probe.
 #[test]
 fn a_model_of_unknown_size_is_not_priced_as_instant() {
-    let f = told_apart(alike(&["a", "b"], 0.0));
+    let f = alike(&["a", "b"], 0.0);
     let loads = TableLoads::default()
         .rated(0, "m", seen(100.0))
         .with(1, "m", queue(1, 0));

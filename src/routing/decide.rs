@@ -644,7 +644,7 @@ fn node_best(
 }
 
 /// For a pair never observed, the same model's rates on the node of the same machine
-/// (`NodeView::twin_key`) that answered it most; `None` for an observed pair, or when no such
+/// (`NodeView::twin_key`) that answered it last; `None` for an observed pair, or when no such
 /// node answered it. `rates` in table order.
 fn twin(
     fleet: &FleetView,
@@ -656,15 +656,15 @@ fn twin(
     if rates[idx * n_models + pos].observed > 0 {
         return None;
     }
-    let key = fleet.nodes[idx].twin_key()?;
+    let key = fleet.nodes[idx].twin_key?;
     fleet
         .nodes
         .iter()
         .enumerate()
-        .filter(|(j, n)| *j != idx && n.twin_key() == Some(key))
+        .filter(|(j, n)| *j != idx && n.twin_key == Some(key))
         .map(|(j, _)| rates[j * n_models + pos])
         .filter(|r| r.observed > 0)
-        .max_by_key(|r| r.observed)
+        .max_by_key(|r| (r.last_ms, r.observed))
 }
 
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol

@@ -179,36 +179,16 @@ pub struct NodeView {
     /// load times, summed over the models it loaded (`None` before a load was observed). What
     /// a model it has not loaded yet is expected to read at (the disk is the node's).
     pub learned_load_gbps: Option<f64>,
+    /// What the user wrote of the machine (`fleet::view::twin_key`): nodes with the same key
+    /// are taken as the same machine (`completion::Input::twin`); `None` without a configured
+    /// `memory_gb` (nodes given by URL only all look alike, which says nothing).
+    #[serde(skip)]
+    pub twin_key: Option<[u64; 8]>,
 }
 
 impl NodeView {
     pub fn model(&self, name: &str) -> Option<&ModelView> {
         self.models.iter().find(|m| m.name == name)
-    }
-
-    /// What the config (or the backend) says of the machine: its memory, its seats, the
-    /// speeds a user gave, whether it hides its loads. Nodes with the same key are taken as
-    /// the same machine (`completion::Input::twin`): the laptops of a home lab, a fleet's
-    /// racks of one build. `None` when neither memory nor seats were said: nodes given by URL
-    /// only all look alike, which says nothing.
-    pub fn twin_key(&self) -> Option<[u64; 7]> {
-        let seats = if self.seats_assumed {
-            0
-        } else {
-            u64::from(self.seats)
-        };
-        let bits = |x: Option<f64>| x.map_or(0, f64::to_bits);
-        (self.memory_gb > 0.0 || seats > 0).then(|| {
-            [
-                self.memory_gb.to_bits(),
-                seats,
-                bits(self.bandwidth_gbps),
-                bits(self.decode_tps),
-                bits(self.prefill_tps),
-                bits(self.load_gbps),
-                u64::from(self.hides_loads),
-            ]
-        })
     }
 }
 
@@ -574,8 +554,11 @@ pub struct IdleExpect {
     pub guessed: bool,
     /// Prompt tokens it was to prefill (uncached).
     pub prompt_tokens: u32,
-    /// The load it was charged (`Rates::idle_load_s`, else the model's other pairs'; for a
-    /// request that joins one under way, what is left of it); `None`
+    /// Placed to join a load under way (a request sent to the idle pair has had no first
+    /// byte yet), not to start one.
+    pub joined: bool,
+    /// The load it may wait for (`Rates::idle_load_s`, else the model's other pairs'; whole,
+    /// also for a request that joins one under way and is charged only what is left); `None`
     /// when nothing was known of the node's loads: then it has no first-byte timeout (a load
     /// of any length may come first), else the timeout allows for this much more.
     pub load_s: Option<f64>,
