@@ -103,6 +103,17 @@ fn a_load_hidden_behind_the_model_list_is_learned_and_expected_after_the_keep_al
 /// during the reload and a pinned request got a 502.
 #[test]
 fn a_request_that_joins_a_hidden_reload_waits_for_it_too() {
+    joins_a_hidden_reload(true);
+}
+
+/// The same behind a reply that is not streamed (its first byte is its end: the spell is
+/// taken as over past twice the known load, not at its first byte).
+#[test]
+fn a_request_that_joins_a_hidden_reload_behind_a_whole_reply_waits_for_it_too() {
+    joins_a_hidden_reload(false);
+}
+
+fn joins_a_hidden_reload(opener_streams: bool) {
     let rt = runtime();
     let a = sim(&rt, ON_DEMAND);
     let gw = Gateway::start(&format!(
@@ -120,8 +131,10 @@ fn a_request_that_joins_a_hidden_reload_waits_for_it_too() {
         // One request reloads it; 300 ms in, another joins.
         let first = tokio::spawn({
             let gw_url = gw.url("/v1/chat/completions");
+            let mut body = ask();
+            body["stream"] = json!(opener_streams);
             async move {
-                let r = client().post(gw_url).json(&ask()).send().await.unwrap();
+                let r = client().post(gw_url).json(&body).send().await.unwrap();
                 (r.status().as_u16(), r.text().await.unwrap())
             }
         });

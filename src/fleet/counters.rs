@@ -171,8 +171,8 @@ impl ModelCounters {
         }
     }
 
-    /// A streamed request to the pair idle past the keep-alive, on a node that hides its
-    /// loads, is sent at `now_ms`: it starts a spell in which later requests wait for the same
+    /// A request to the pair idle past the keep-alive, on a node that hides its loads, is
+    /// sent at `now_ms`: it starts a spell in which later requests wait for the same
     /// unseen load (or joins one under way). Returns how long that has been under way, seconds
     /// (0 for the one that starts it).
     pub fn hidden_load_sent(&self, now_ms: u64) -> f64 {

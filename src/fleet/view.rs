@@ -105,7 +105,8 @@ pub(super) fn seats_assumed(cfg: &NodeConfig, live: &NodeLive) -> bool {
 /// only with `memory_gb` written: nodes given by URL only are nobody's twins.
 pub fn twin_key(cfg: &NodeConfig) -> Option<[u64; 8]> {
     let bits = |x: Option<f64>| x.map_or(0, f64::to_bits);
-    cfg.memory_gb.map(|gb| {
+    // A node that registered itself by heartbeat took its memory from its agent.
+    cfg.memory_gb.filter(|_| !cfg.dynamic).map(|gb| {
         [
             gb.to_bits(),
             u64::from(cfg.seats.unwrap_or(0)),
@@ -239,5 +240,15 @@ fleet:
         assert_ne!(keys[0], keys[2], "other seats");
         assert_ne!(keys[0], keys[3], "other backend");
         assert_eq!((keys[4], keys[5]), (None, None), "no memory written");
+        let registered = crate::config::NodeConfig::dynamic(
+            "agent-box",
+            "http://127.0.0.1:7",
+            crate::config::Backend::Ollama,
+            Some(16.0),
+            None,
+            1_024,
+        )
+        .expect("valid");
+        assert_eq!(twin_key(&registered), None, "memory from its agent");
     }
 }

@@ -133,16 +133,19 @@ impl Dispatch {
         let now_ms = crate::services::now_ms();
         st.sent_ms = now_ms;
         let choice = &self.ranked[st.current];
+        st.joined_hidden_load = false;
+        st.load_under_way_s = 0.0;
         if let Some(lease) = st.lease.as_mut() {
             // A request to a pair idle past the keep-alive on a node that hides its loads
-            // starts a spell in which later ones wait for the same load (streamed: its first
-            // byte ends the spell; a whole reply's comes at its end). One placed to join such
-            // a spell joins it if it is still under way when the request goes (it may have
-            // waited for a seat meanwhile), and starts none.
+            // starts a spell in which later ones wait for the same load, until the pair's
+            // first byte (a whole reply's comes at its end: routing takes a spell past twice
+            // the known load as over). One placed to join such a spell joins it if it is
+            // still under way when the request goes (it may have waited for a seat
+            // meanwhile), and starts none.
             let joined = match choice.idle {
                 Some(idle) if idle.joined => lease.counters.hidden_load_join(now_ms),
-                Some(_) if self.stream => Some(lease.counters.hidden_load_sent(now_ms)),
-                _ => None,
+                Some(_) => Some(lease.counters.hidden_load_sent(now_ms)),
+                None => None,
             };
             st.joined_hidden_load = joined.is_some() && choice.idle.is_some_and(|i| i.joined);
             st.load_under_way_s = if choice.cold {

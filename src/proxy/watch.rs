@@ -44,18 +44,20 @@ pub async fn stalled(fleet: &Fleet, d: &Dispatch, since: Instant) -> String {
         } else {
             counters.load().p75_ms
         };
+        let (header, last, joined) = {
+            let st = d.state.lock();
+            (st.status.is_some(), st.last_activity, st.joined_hidden_load)
+        };
         // A pair idle on a node that hides its loads may be loading unseen: the timeout
         // allows for the load its earlier answers showed; none known, as cold (no timeout).
-        let (expected, cold) = match c.idle.map(|idle| idle.load_s) {
+        // One placed to join such a load that was over when it went waits for none.
+        let hidden = c.idle.filter(|i| !i.joined || joined);
+        let (expected, cold) = match hidden.map(|h| h.load_s) {
             Some(None) => (expected, true),
             Some(Some(load)) => (expected.map(|ms| ms + load * 1000.0), c.cold),
             None => (expected, c.cold),
         };
         let first_byte = first_byte_timeout(t, expected, cold);
-        let (header, last) = {
-            let st = d.state.lock();
-            (st.status.is_some(), st.last_activity)
-        };
         let now = Instant::now();
         let (deadline, what) = if header {
             (Some(last.unwrap_or(since) + idle), "idle stream")

@@ -574,8 +574,13 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // and only what is left of it after that wait is its own. Not so for a reload to a larger
     // window (it starts when the requests on the loaded one are done) nor for a wait guessed
     // from the service time, which has no load in it.
-    let overlaps =
-        known_wait.is_some() && x.load.in_flight > 0 && (!x.model.loaded || joined_s(x).is_some());
+    let reload = x
+        .model
+        .loaded_context
+        .is_some_and(|ctx| ctx > 0 && u64::from(ctx) < x.needed_tokens);
+    let overlaps = known_wait.is_some()
+        && x.load.in_flight > 0
+        && (!x.model.loaded || (!reload && joined_s(x).is_some()));
     let load_s = if overlaps {
         (load_s(p, x) - seat_wait_s).max(0.0)
     } else {
