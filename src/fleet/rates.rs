@@ -110,6 +110,9 @@ pub struct PairRates {
     gaps: Vec<f64>,
     observed: u32,
     last_ms: Option<u64>,
+    /// When it first answered (ms; since this gateway's state was kept).
+    #[serde(default)]
+    first_ms: Option<u64>,
 }
 
 impl PairRates {
@@ -248,6 +251,7 @@ impl PairRates {
         }
         self.observed = self.observed.saturating_add(1);
         self.last_ms = Some(now);
+        self.first_ms.get_or_insert(now);
     }
 
     /// Seconds a cold load of the model took on the node (`None`: none observed).
@@ -289,6 +293,7 @@ impl PairRates {
             output_tokens: self.output.get(),
             observed: self.observed,
             last_ms: self.last_ms,
+            first_ms: self.first_ms,
             gap_s: median_low(&self.gaps),
         }
     }

@@ -56,13 +56,13 @@
 //! A prefill rate read off prompts of about one length only (`Rates::prefill_floor`: overhead
 //! taken as rate, too slow) is raised to that mean with its overhead until the pair measures one.
 //!
-//! Exploration, optimistic and one probe at a time: a pair never observed, while no untried
-//! pair of the same model has a request in flight, is predicted with the best rates the fleet
-//! has observed for the same model (`peer`), so an untried node gets the next request it could
-//! finish as soon as the best known one would; while a probe is under way every untried pair
-//! is taken as a typical node (the mean of the observed ones). Not so a pair whose node the
-//! config describes as the same machine as one that answered the model (`Input::twin`,
-//! `NodeView::twin_key`): it is priced as that one, undiscounted. A pair with no response in
+//! Exploration: a pair never observed is taken as a typical node of the model (the mean of the
+//! observed ones, `peer`), so an untried node gets a request when a typical node would finish
+//! it sooner than the known ones at their load; once the model has been served for
+//! `completion_explore_after_s`, an untried node gets the exploring discount below as well.
+//! A pair whose node the config describes as the same machine as one that answered the model
+//! (`Input::twin`, `NodeView::twin_key`) is priced as that one, undiscounted. A pair with no
+//! response in
 //! `completion_explore_after_s` (or none ever) has its prefill and decode multiplied by
 //! `completion_explore_factor`, so a node that was slow once is tried again; deterministic in
 //! `now_ms`. Never for a turn of a conversation this gateway has served (`cached_on`): it goes
@@ -214,6 +214,9 @@ pub struct Peers {
     /// Some observed pair of the model could take the request now (a seat free, the window
     /// fits; set by the caller). When none can, nothing is held back (`held_back`).
     pub room: bool,
+    /// When the model's first answer came (ms; the earliest `Rates::first_ms`): how long the
+    /// fleet has been serving it while its untried nodes waited.
+    pub since_ms: Option<u64>,
 }
 
 /// [`Peers`] from the rates of every pair of one model; `None` when none was observed.
@@ -242,11 +245,16 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     let (mut output_sum, mut output_n) = (0.0, 0.0);
     let mut top: Option<Rates> = None;
     let (mut shared, mut decided, mut pairs) = (0u32, 0u32, 0u32);
+    let mut since_ms: Option<u64> = None;
     // Floors (`Rates::prefill_floor`) count for the best rate (they are below the truth) and
     // for the mean only when no pair measured one; their overhead (0 by construction) never.
     let mut floor = Mean::default();
     for r in all.into_iter().filter(|r| r.observed > 0) {
         pairs += 1;
+        since_ms = match (since_ms, r.first_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if let Some(s) = r.prefill_shared {
             shared += u32::from(s);
             decided += 1;
@@ -314,6 +322,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         idle_load_s: None,
         observed: 0,
         last_ms: None,
+        first_ms: None,
         gap_s: None,
         ..r
     };
@@ -334,14 +343,13 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         pairs,
         idle_load_s: idle_load.get(),
         room: true,
+        since_ms,
     })
 }
 
-/// The rates a pair is predicted with: its own once observed. Never observed: the peers' best
-/// while no probe of the model is in flight anywhere (optimism, one probe at a time across the
-/// fleet: in a fleet of 32 a probe on each untried node at once would be a request in three
-/// paying for the exploring), their mean while one is; with no peers, its own (empty: the
-/// priors). True when a peer figure is used.
+/// The rates a pair is predicted with (`effective_rates`): its own once observed. Never
+/// observed: its twin's, else the peers' mean (a typical node of the model); with no peers,
+/// its own (empty: the priors).
 /// A probe of the model is out and only one pair was ever observed: that pair's rates would
 /// make every untried pair a copy of it (the mean of one is the best) and a second probe would
 /// go out at once. The pair keeps its own (the priors) until the probe answers — while the
@@ -360,7 +368,7 @@ fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
     peers.probing || x.load.busy()
 }
 
-fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
+fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     let twin = x.twin.filter(|_| x.rates.observed == 0);
     let (rates, optimistic) = match (twin, x.peer) {
         // A node configured as one that answered is priced as that one, not as the model's
@@ -380,19 +388,23 @@ fn effective_rates(x: &Input<'_>) -> (Rates, bool) {
             true,
         ),
         _ if held_back(x) => (x.rates, false),
+        // A typical node of the model (the mean of those that answered), not its best: it is
+        // tried when that beats what the known nodes offer at their load, so a slow box is not
+        // handed a request as if it were the fastest every time the fast ones are busy. Once
+        // the model has been served for `completion_explore_after_s` and the node still has
+        // not been tried, it gets the exploring discount too: not ignored for good at a load
+        // the known nodes carry alone (a new fast box among slow ones).
         (None, Some(peers)) if x.rates.observed == 0 => {
-            let from = if probe_out(x, &peers) {
-                peers.mean
-            } else {
-                peers.best
-            };
+            let waited = peers.since_ms.is_some_and(|t| {
+                x.now_ms.saturating_sub(t) > p.completion_explore_after_s.saturating_mul(1000)
+            });
             (
                 Rates {
                     load_s: x.rates.load_s,
                     idle_load_s: x.rates.idle_load_s,
-                    ..from
+                    ..peers.mean
                 },
-                true,
+                !waited,
             )
         }
         _ => (x.rates, false),
@@ -437,7 +449,7 @@ pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) 
 /// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
 pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let seats = priced_seats(x.node);
-    let (rates, optimistic) = effective_rates(x);
+    let (rates, optimistic) = effective_rates(p, x);
     let r = &rates;
     // Decode: seconds per token of one stream, then at the node's concurrency.
     let (_, prior_spt) = priors(p, x.node, x.model);

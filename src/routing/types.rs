@@ -317,6 +317,8 @@ pub struct Rates {
     /// Responses observed, and when the last one was (ms).
     pub observed: u32,
     pub last_ms: Option<u64>,
+    /// When its first response was (ms).
+    pub first_ms: Option<u64>,
     /// Seconds between responses (time-decayed mean; `None` before the second): with
     /// `last_ms`, how often the pair is asked for ([`Rates::demand_per_s`]).
     pub gap_s: Option<f64>,
