@@ -117,6 +117,7 @@ pub struct Prediction {
     pub service_s: f64,
     /// Responses the rates were learned from (0: priors only).
     pub observed: u32,
+    /// Its compute terms carry the exploring discount (`completion_explore_factor`).
     pub explored: bool,
     /// Never observed, priced as a node the config describes as the same machine
     /// (`Input::twin`).
@@ -188,8 +189,8 @@ pub fn priors(p: &Policy, node: &NodeView, model: &ModelView) -> (f64, f64) {
 
 /// What the fleet has observed for one model on the nodes that served it: the best of each
 /// rate (fastest prefill and decode, shortest seat time) and their mean over those nodes. The
-/// priors of a pair not yet observed; cold-load time is the node's own (its disk), never a
-/// peer's.
+/// mean is the priors of a pair not yet observed (a typical node); cold-load time is the
+/// node's own (its disk), never a peer's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Peers {
     pub best: Rates,
@@ -204,7 +205,8 @@ pub struct Peers {
     /// answers does not look faster for it.
     pub output_tokens: Option<f64>,
     /// A never-observed pair of the model has a request in flight (set by the caller, which
-    /// sees the loads): one probe per model at a time, fleet-wide.
+    /// sees the loads): one probe per model at a time, fleet-wide (`held_back`, and no
+    /// exploring discount for the others meanwhile).
     pub probing: bool,
     /// Pairs observed: a mean of one is that pair, the best, no typical node.
     pub pairs: u32,
@@ -395,9 +397,11 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
         // not been tried, it gets the exploring discount too: not ignored for good at a load
         // the known nodes carry alone (a new fast box among slow ones).
         (None, Some(peers)) if x.rates.observed == 0 => {
-            let waited = peers.since_ms.is_some_and(|t| {
-                x.now_ms.saturating_sub(t) > p.completion_explore_after_s.saturating_mul(1000)
-            });
+            // One probe at a time: not while an untried pair of the model is being tried.
+            let waited = !probe_out(x, &peers)
+                && peers.since_ms.is_some_and(|t| {
+                    x.now_ms.saturating_sub(t) > p.completion_explore_after_s.saturating_mul(1000)
+                });
             (
                 Rates {
                     load_s: x.rates.load_s,
@@ -410,16 +414,20 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
         _ => (x.rates, false),
     };
     // A node as fast on its other models as the estimate says is at least that fast on this
-    // one: a node known to be quick is tried first, even while another probe is out.
+    // one: a node known to be quick is tried first, even while another probe is out. Only a
+    // rate it made faster is optimism (no discount on it); one slower on its other models
+    // leaves the estimate, and its discount, as they were.
     match x.node_best {
-        Some(nb) => (
-            Rates {
+        Some(nb) => {
+            let merged = Rates {
                 prefill_tps: better(rates.prefill_tps, nb.prefill_tps, f64::max),
                 decode_spt: better(rates.decode_spt, nb.decode_spt, f64::min),
                 ..rates
-            },
-            true,
-        ),
+            };
+            let faster =
+                merged.prefill_tps != rates.prefill_tps || merged.decode_spt != rates.decode_spt;
+            (merged, optimistic || faster)
+        }
         None => (rates, optimistic),
     }
 }
@@ -508,7 +516,8 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let mut decode_s = output_tokens * spt;
     let service_s = positive(r.service_s).unwrap_or(prefill_s + decode_s);
     // A turn of a conversation this gateway served goes where its cache is: no exploring.
-    // The peers' best rates are optimism enough: no further discount on them.
+    // Nor for a pair priced as its twin, as its node's best on other models, or (until the
+    // model has been served `completion_explore_after_s`) as a typical node (`optimistic`).
     let unexplored = (prefill_s, spt);
     let explored = x.req.cached_on.is_none()
         && r.last_ms
@@ -663,7 +672,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         decode_tps: 1.0 / spt,
         service_s,
         observed: r.observed,
-        explored,
+        explored: explored && !optimistic,
         twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
         idle: (x.model.loaded && (pair_idle(p, x) || joined_s(x).is_some())).then_some(

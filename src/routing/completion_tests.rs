@@ -422,6 +422,17 @@ fn an_untried_node_is_discounted_once_the_model_has_been_served_a_while() {
     assert_eq!(d.winner().unwrap().node_id, "fresh");
     let later = predicted(&d, 2);
     assert_near(later.decode_s, 0.5 * soon.decode_s, &later);
+    // The same when its node answered another model, slower: that is no optimism to spare
+    // it the discount (it would have left it out for good).
+    let mut f = f;
+    f.nodes[2].models.push(loaded("other", 5.0));
+    let d = at(
+        &r,
+        &f,
+        &loads(1_000_000 - 61_000).rated(2, "other", seen(10.0)),
+    );
+    assert_eq!(d.winner().unwrap().node_id, "fresh");
+    assert!(predicted(&d, 2).explored);
 }
 
 /// A node the config describes as the same machine as one that answered (the same memory and

@@ -139,8 +139,9 @@ pub struct Policy {
     /// fast as an idle one, and a 2 % difference in a rate learned from two responses sent a
     /// 41k-token prompt to the busy one.
     pub completion_contention_prior: f64,
-    /// A pair not observed for this long (or never) is explored: its compute terms are
-    /// multiplied by `completion_explore_factor`, so an untried node gets a request.
+    /// A pair not observed for this long is explored: its compute terms are multiplied by
+    /// `completion_explore_factor`, so a node slow once is tried again; one never observed
+    /// is, once its model has been served this long (until then it is a typical node).
     pub completion_explore_after_s: u64,
     pub completion_explore_factor: f64,
     /// On a node that hides its loads (`backend: openai`, `NodeView::hides_loads`): a model
