@@ -619,6 +619,10 @@ fn new_state(cfg: &NodeConfig) -> NodeState {
 }
 
 impl Loads for Fleet {
+    fn watching_since_ms(&self) -> u64 {
+        self.watching_since_ms
+    }
+
     fn node_in_flight(&self, node: usize) -> u32 {
         self.nodes
             .load()

@@ -433,6 +433,28 @@ fn an_untried_node_is_discounted_once_the_model_has_been_served_a_while() {
     );
     assert_eq!(d.winner().unwrap().node_id, "fresh");
     assert!(predicted(&d, 2).explored);
+    // Answers kept from before a restart 1 s ago: the wait counts from the restart.
+    let restarted = Restarted(loads(1_000_000 - 61_000), 999_000);
+    let d = decide(&r, &f, &completion(), &restarted, 1_000_000);
+    assert_eq!(d.winner().unwrap().node_id, "known");
+}
+
+/// `TableLoads` with the gateway watching since `.1` (ms).
+struct Restarted(TableLoads, u64);
+
+impl Loads for Restarted {
+    fn node_in_flight(&self, node: usize) -> u32 {
+        self.0.node_in_flight(node)
+    }
+    fn model(&self, node: usize, model: &str) -> ModelLoad {
+        self.0.model(node, model)
+    }
+    fn rates(&self, node: usize, model: &str) -> Rates {
+        self.0.rates(node, model)
+    }
+    fn watching_since_ms(&self) -> u64 {
+        self.1
+    }
 }
 
 /// A node the config describes as the same machine as one that answered (the same memory and

@@ -134,6 +134,9 @@ fn decide_once(
             Some(completion::Peers {
                 probing,
                 room,
+                // The model's untried nodes have waited since its first answer, or since this
+                // gateway started if that came later (answers kept from before a restart).
+                since_ms: peers.since_ms.map(|t| t.max(loads.watching_since_ms())),
                 ..peers
             })
         })

@@ -266,6 +266,11 @@ pub trait Loads {
     fn rates(&self, _node: usize, _model: &str) -> Rates {
         Rates::default()
     }
+    /// When this gateway began watching the fleet (ms; 0 by default: always): an untried
+    /// node's wait for its turn counts from then, not from answers kept from before a restart.
+    fn watching_since_ms(&self) -> u64 {
+        0
+    }
     /// A load of the model that no request is waiting for (pre-warm, restore) is in
     /// progress on the node: its memory is being taken.
     fn loading(&self, _node: usize, _model: &str) -> bool {
