@@ -601,6 +601,16 @@ mod tests {
         assert_eq!(q.rates().load_s, Some(9.0));
     }
 
+    /// A response at `now_ms` to an idle pair whose first token (and end) came `load_s` late:
+    /// the load it was seen to wait for.
+    fn waited_for_load(now_ms: u64, load_s: f64) -> Observation {
+        let mut o = response(now_ms, 1_000, 1, 1_000.0, 40.0, 0.0);
+        o.ttft_s = o.ttft_s.map(|t| t + load_s);
+        o.service_s += load_s;
+        o.idle_load_s = Some(load_s);
+        o
+    }
+
     /// A request to an idle pair on a node that hides its loads: one that waited for a load
     /// teaches it (as a cold one does: not as prefill) and the idle pair's expected load; one
     /// that found the model in memory teaches its prefill and a zero.
@@ -609,11 +619,7 @@ mod tests {
         let mut p = PairRates::default();
         p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
         let before = p.rates().prefill_tps;
-        let mut idle = response(400_000, 1_000, 1, 1_000.0, 40.0, 0.0);
-        idle.ttft_s = idle.ttft_s.map(|t| t + 1.5);
-        idle.service_s += 1.5;
-        idle.idle_load_s = Some(1.5);
-        p.observe(&idle);
+        p.observe(&waited_for_load(400_000, 1.5));
         let r = p.rates();
         assert_eq!((r.idle_load_s, r.load_s), (Some(1.5), Some(1.5)), "{r:?}");
         assert_eq!(r.prefill_tps, before);
@@ -633,11 +639,10 @@ mod tests {
         let mut p = PairRates::default();
         p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
         let before = p.rates().prefill_tps;
-        let mut joined = response(400_000, 1_000, 1, 1_000.0, 40.0, 0.0);
-        joined.ttft_s = joined.ttft_s.map(|t| t + 1.0);
-        joined.service_s += 1.0;
-        joined.idle_load_s = Some(1.0);
-        joined.load_under_way_s = 0.5;
+        let joined = Observation {
+            load_under_way_s: 0.5,
+            ..waited_for_load(400_000, 1.0)
+        };
         p.observe(&joined);
         let r = p.rates();
         assert_eq!((r.idle_load_s, r.load_s), (Some(1.5), Some(1.5)), "{r:?}");
