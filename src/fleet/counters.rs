@@ -199,9 +199,13 @@ impl ModelCounters {
 
     /// A first byte came from the pair: whatever it loaded is in.
     pub fn first_byte(&self) {
-        let since = self.hidden_load_since_ms.load(Ordering::Relaxed);
+        self.end_hidden_load(self.hidden_load_since_ms.load(Ordering::Relaxed));
+    }
+
+    /// The hidden-load spell that started at `since` is over (not one another request started
+    /// since).
+    fn end_hidden_load(&self, since: u64) {
         if since != 0 {
-            // Not a spell another request started since the load above.
             let _ = self.hidden_load_since_ms.compare_exchange(
                 since,
                 0,
@@ -257,16 +261,8 @@ impl ModelCounters {
         let since = self.load_since_ms.load(Ordering::Relaxed);
         let hidden = self.hidden_load_since_ms.load(Ordering::Relaxed);
         if self.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // Nobody left to wait for a hidden load: over, or failed (a spell a request
-            // started since is kept).
-            if hidden != 0 {
-                let _ = self.hidden_load_since_ms.compare_exchange(
-                    hidden,
-                    0,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-            }
+            // Nobody left to wait for a hidden load: over, or failed.
+            self.end_hidden_load(hidden);
             if since != LOADED {
                 let _ = self.load_since_ms.compare_exchange(
                     since,

@@ -183,6 +183,14 @@ impl Dispatch {
         &self.ranked[i]
     }
 
+    /// What the current attempt may wait for of a load the node hides (`Choice::idle`): none
+    /// for one placed to join such a load that was over when it went.
+    pub fn hidden_load(&self, st: &Attempts) -> Option<crate::routing::IdleExpect> {
+        self.ranked[st.current]
+            .idle
+            .filter(|i| !i.joined || st.joined_hidden_load)
+    }
+
     /// Move to the next candidate not yet tried that `take` gives a seat; None when there is
     /// none or retries are spent. The failed attempt's seat is released first; candidates
     /// without a seat count as tried.

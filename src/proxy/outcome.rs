@@ -192,14 +192,14 @@ fn learn(
         });
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
-    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, joined) = {
+    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden) = {
         let st = d.state.lock();
         (
             st.prefill_ahead_s,
             st.decode_streams,
             st.load_under_way_s,
             st.seat_freed_s,
-            st.joined_hidden_load,
+            d.hidden_load(&st),
         )
     };
     let mut o = Observation {
@@ -224,8 +224,7 @@ fn learn(
     };
     // Sent to a pair idle past the keep-alive on a node that hides its loads: did the node
     // load the model first? (A node that does once is expected to after each such spell.)
-    // One placed to join a hidden load that was over when it went waited for none: not idle.
-    if let Some(idle) = c.idle.filter(|i| !i.joined || joined) {
+    if let Some(idle) = hidden {
         let ratio = if idle.guessed {
             let prior = fleet.config().routing.policy.completion_prefill_per_decode;
             fleet.prefill_per_decode(prior)

@@ -44,14 +44,12 @@ pub async fn stalled(fleet: &Fleet, d: &Dispatch, since: Instant) -> String {
         } else {
             counters.load().p75_ms
         };
-        let (header, last, joined) = {
+        let (header, last, hidden) = {
             let st = d.state.lock();
-            (st.status.is_some(), st.last_activity, st.joined_hidden_load)
+            (st.status.is_some(), st.last_activity, d.hidden_load(&st))
         };
         // A pair idle on a node that hides its loads may be loading unseen: the timeout
         // allows for the load its earlier answers showed; none known, as cold (no timeout).
-        // One placed to join such a load that was over when it went waits for none.
-        let hidden = c.idle.filter(|i| !i.joined || joined);
         let (expected, cold) = match hidden.map(|h| h.load_s) {
             Some(None) => (expected, true),
             Some(Some(load)) => (expected.map(|ms| ms + load * 1000.0), c.cold),

@@ -187,13 +187,11 @@ pub fn priors(p: &Policy, node: &NodeView, model: &ModelView) -> (f64, f64) {
     (prefill, spt)
 }
 
-/// What the fleet has observed for one model on the nodes that served it: the best of each
-/// rate (fastest prefill and decode, shortest seat time) and their mean over those nodes. The
-/// mean is the priors of a pair not yet observed (a typical node); cold-load time is the
-/// node's own (its disk), never a peer's.
+/// What the fleet has observed for one model on the nodes that served it: their mean rates,
+/// the priors of a pair not yet observed (a typical node); cold-load time is the node's own
+/// (its disk), never a peer's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Peers {
-    pub best: Rates,
     pub mean: Rates,
     /// What each further concurrent stream costs, relative to one stream's seconds per token
     /// (mean over the pairs seen at several concurrencies): the prior of a pair seen only at
@@ -245,11 +243,11 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     let mut overhead = Mean::default();
     let mut idle_load = Mean::default();
     let (mut output_sum, mut output_n) = (0.0, 0.0);
-    let mut top: Option<Rates> = None;
+    let mut first_output: Option<f64> = None;
     let (mut shared, mut decided, mut pairs) = (0u32, 0u32, 0u32);
     let mut since_ms: Option<u64> = None;
-    // Floors (`Rates::prefill_floor`) count for the best rate (they are below the truth) and
-    // for the mean only when no pair measured one; their overhead (0 by construction) never.
+    // Floors (`Rates::prefill_floor`) count for the mean only when no pair measured one; their
+    // overhead (0 by construction) never.
     let mut floor = Mean::default();
     for r in all.into_iter().filter(|r| r.observed > 0) {
         pairs += 1;
@@ -267,14 +265,6 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             prefill.add(r.prefill_tps);
             overhead.add_any(r.prefill_overhead_s.max(0.0));
         }
-        let r = Rates {
-            prefill_overhead_s: if r.prefill_floor {
-                f64::INFINITY
-            } else {
-                r.prefill_overhead_s
-            },
-            ..r
-        };
         spt.add(r.decode_spt);
         service.add(r.service_s);
         if let Some(l) = r.idle_load_s.filter(|l| l.is_finite()) {
@@ -289,56 +279,24 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             // A measured zero counts (a node that batches for free).
             contention.add_any(b.max(0.0) / a);
         }
-        top = Some(match top {
-            None => r,
-            Some(a) => Rates {
-                prefill_tps: better(a.prefill_tps, r.prefill_tps, f64::max),
-                prefill_overhead_s: a.prefill_overhead_s.min(r.prefill_overhead_s),
-                decode_spt: better(a.decode_spt, r.decode_spt, f64::min),
-                // Not `better`: a measured zero (free batching) is the best there is.
-                decode_spt_per_stream: match (a.decode_spt_per_stream, r.decode_spt_per_stream) {
-                    (Some(x), Some(y)) => Some(x.min(y)),
-                    (x, y) => x.or(y),
-                },
-                service_s: better(a.service_s, r.service_s, f64::min),
-                output_tokens: a.output_tokens.or(r.output_tokens),
-                observed: a.observed.saturating_add(r.observed),
-                ..a
-            },
-        });
+        first_output = first_output.or(r.output_tokens);
     }
-    let top = top?;
-    // How the model's nodes prefill: as most of those that showed it do.
-    let prefill_shared = (decided > 0).then_some(shared * 2 > decided);
-    let measured = prefill.get().is_some();
-    let strip = |r: Rates| Rates {
-        prefill_shared,
-        prefill_floor: !measured,
-        // Only floors seen: no overhead measured (not the infinity that kept them out).
-        prefill_overhead_s: if r.prefill_overhead_s.is_finite() {
-            r.prefill_overhead_s
-        } else {
-            0.0
-        },
-        load_s: None,
-        idle_load_s: None,
-        observed: 0,
-        last_ms: None,
-        first_ms: None,
-        gap_s: None,
-        ..r
-    };
+    if pairs == 0 {
+        return None;
+    }
     Some(Peers {
-        best: strip(top),
-        mean: strip(Rates {
+        mean: Rates {
             prefill_tps: prefill.get().or(floor.get()),
             prefill_overhead_s: overhead.get().unwrap_or(0.0),
+            // How the model's nodes prefill: as most of those that showed it do.
+            prefill_shared: (decided > 0).then_some(shared * 2 > decided),
+            prefill_floor: prefill.get().is_none(),
             decode_spt: spt.get(),
             decode_spt_per_stream: per_stream.get(),
             service_s: service.get(),
-            output_tokens: top.output_tokens,
+            output_tokens: first_output,
             ..Rates::default()
-        }),
+        },
         contention: contention.get(),
         output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
         probing: false,
@@ -538,7 +496,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // found out within its first few overlapping requests.
     let shared = r
         .prefill_shared
-        .or(x.peer.and_then(|p| p.best.prefill_shared))
+        .or(x.peer.and_then(|p| p.mean.prefill_shared))
         .unwrap_or(false);
     let prefill_queue_tokens = if shared && q.tokens > 0 {
         let done = prefill_tps * x.now_ms.saturating_sub(q.head_ms) as f64 / 1000.0;
