@@ -28,7 +28,7 @@ use crate::services::rebalance::Rebalance;
 /// (heaptrack, `benches/sidebyside` streams phase). 4 KiB takes a request head and a small
 /// prompt in one read; a read larger than the buffer (Pingora's body reads) bypasses it, so
 /// 16 KiB bought nothing measurable and cost 12 KB per open connection (benches/README.md).
-const CLIENT_READ_BUFFER: usize = 4 * 1024;
+const CLIENT_READ_BUFFER: usize = 2 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -52,6 +52,17 @@ fn an_untried_laptop_is_priced_as_its_twin_not_as_the_workstation() {
             stream(&gw, &format!("warm-up {i}"), Some("workstation")).await;
         }
         stream(&gw, "a laptop", Some("laptop-1")).await;
+        // The client has [DONE] a moment before the gateway has accounted the answer.
+        let learned = |r: &Value| {
+            r["table"].as_array().is_some_and(|t| {
+                t.iter()
+                    .any(|row| row["node"] == "laptop-1" && row["observed"].as_u64() > Some(0))
+            })
+        };
+        eventually("laptop-1's answer learned", || async {
+            learned(&explain(&gw, "/fleet/explain", &ask("which node?")).await)
+        })
+        .await;
         let report = explain(&gw, "/fleet/explain", &ask("which node?")).await;
         let row = |node: &str| {
             report["table"]

@@ -32,6 +32,10 @@ enum Piped {
 
 /// Send `d`'s current choice its request and pipe (or hold, then write) the response; the
 /// node's connection goes back to the pool after the client has the answer.
+///
+/// This future lives as long as the client's request (an open stream holds it for minutes),
+/// so what only the end needs is boxed: the spare connection (~1.2 KB, none while the reply
+/// runs) and the pool's release (~4.5 KB); unboxed they sized it at ~5.7 KB instead of ~3.7.
 pub async fn run(
     session: &mut Session,
     fleet: &Fleet,
@@ -41,7 +45,7 @@ pub async fn run(
     let mut spare = None;
     let ended = answer(session, fleet, nodes, d, &mut spare).await;
     if let Some(s) = spare {
-        s.release(nodes).await;
+        Box::pin(s.release(fleet, nodes)).await;
     }
     ended
 }
@@ -52,7 +56,7 @@ async fn answer(
     fleet: &Fleet,
     nodes: &Connector,
     d: &Arc<Dispatch>,
-    spare: &mut Option<leg::Spare>,
+    spare: &mut Option<Box<leg::Spare>>,
 ) -> Result<Ended> {
     let cap = fleet.config().limits.max_body_bytes;
     let mut held: Vec<HttpTask> = Vec::new();
@@ -92,7 +96,7 @@ async fn answer(
     let piped = {
         let leg = leg::run(session, fleet, nodes, d, &mut filter);
         tokio::select! {
-            r = leg => Piped::Done(r.map(|s| *spare = Some(s))),
+            r = leg => Piped::Done(r.map(|s| *spare = Some(Box::new(s)))),
             why = watch::stalled(fleet, d, Instant::now()) => Piped::Stalled(why),
         }
     };

@@ -65,8 +65,9 @@ pub async fn client_request(
     };
     // Output budget fit (opt-in): route on the prompt alone, clamp per chosen node below.
     let opted_in = fleet.config().clamp_output.contains(&req.models[0]);
-    let clamped_req = budget::routable(&req, &fleet.view(), opted_in);
-    let route_req = clamped_req.as_ref().unwrap_or(&req);
+    // Boxed (rare, and this future lives as long as the reply): 8 bytes, not 208.
+    let clamped_req = budget::routable(&req, &fleet.view(), opted_in).map(Box::new);
+    let route_req = clamped_req.as_deref().unwrap_or(&req);
     let clamp = clamped_req.as_ref().map(|_| &req);
     let first = place::Terms {
         arrived,

@@ -6,6 +6,7 @@
 //! Failover on a failed connect and the repeat on a pooled connection the node had closed
 //! happen here; everything after the node answered is the caller's (`attempt`).
 
+use std::net::SocketAddr;
 use std::time::Instant;
 
 use futures::FutureExt;
@@ -50,13 +51,16 @@ const FLEET_REQUEST_HEADERS: [&str; 4] = [
 /// answer (returning it costs a syscall and a task spawn that the client need not wait for).
 pub struct Spare {
     h1: HttpSession,
-    peer: HttpPeer,
+    addr: SocketAddr,
 }
 
 impl Spare {
-    pub async fn release(self, nodes: &Connector) {
-        let idle = self.peer.options.idle_timeout;
-        nodes.release_http_session(self.h1, &self.peer, idle).await;
+    pub async fn release(self, fleet: &Fleet, nodes: &Connector) {
+        // The peer it was taken for, built again (its pool key is the address): an open
+        // stream no longer holds a 672-byte `HttpPeer` for the pool's sake.
+        let peer = peer_at(fleet, self.addr);
+        let idle = peer.options.idle_timeout;
+        nodes.release_http_session(self.h1, &peer, idle).await;
     }
 }
 
@@ -93,17 +97,23 @@ where
     F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
 {
     loop {
-        let peer = peer_for(fleet, d.choice().node);
-        let (mut h1, reused) = match nodes.get_http_session(&peer).await {
-            Ok(s) => s,
-            Err(e) => {
-                failed_to_connect(fleet, d, e)?;
-                continue;
+        let addr = fleet.node_config(d.choice().node).addr;
+        let (mut h1, reused) = {
+            let peer = peer_at(fleet, addr);
+            match nodes.get_http_session(&peer).await {
+                Ok((mut h1, reused)) => {
+                    h1.read_timeout = peer.options.read_timeout;
+                    h1.write_timeout = peer.options.write_timeout;
+                    (h1, reused)
+                }
+                Err(e) => {
+                    failed_to_connect(fleet, d, e)?;
+                    continue;
+                }
             }
         };
-        h1.read_timeout = peer.options.read_timeout;
-        h1.write_timeout = peer.options.write_timeout;
-        let req = upstream_request(session.req_header(), fleet, d)?;
+        // Boxed: the exchange's future holds it (moved out or not) for the whole reply.
+        let req = Box::new(upstream_request(session.req_header(), fleet, d)?);
         let mut exchange = Exchange {
             h1: &mut h1,
             d,
@@ -111,7 +121,7 @@ where
             translator: None,
         };
         match exchange.run(session, req, deliver).await {
-            Ok(()) => return Ok(Spare { h1, peer }),
+            Ok(()) => return Ok(Spare { h1, addr }),
             // Nothing came back on a pooled connection the node had closed: a fresh one.
             Err(e) if stale::retry(d, &e, reused) => continue,
             Err(e) => return Err(e),
@@ -119,11 +129,10 @@ where
     }
 }
 
-/// The peer for node `idx`, with the limits from config.
-fn peer_for(fleet: &Fleet, idx: usize) -> HttpPeer {
-    let node = fleet.node_config(idx);
+/// The peer for a node's address, with the limits from config.
+fn peer_at(fleet: &Fleet, addr: SocketAddr) -> HttpPeer {
     let limits = &fleet.config().limits;
-    let mut peer = HttpPeer::new(node.addr, false, String::new());
+    let mut peer = HttpPeer::new(addr, false, String::new());
     peer.options.connection_timeout = Some(limits.connect_timeout);
     peer.options.read_timeout = Some(limits.read_timeout);
     peer.options.write_timeout = Some(limits.write_timeout);
@@ -198,14 +207,14 @@ impl Exchange<'_> {
     async fn run<F>(
         &mut self,
         session: &mut Session,
-        req: RequestHeader,
+        req: Box<RequestHeader>,
         deliver: &mut F,
     ) -> Result<()>
     where
         F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
     {
         self.h1
-            .write_request_header(Box::new(req))
+            .write_request_header(req)
             .await
             .map_err(Error::into_up)?;
         if !self.d.body.is_empty() {

@@ -257,6 +257,90 @@ pub trait HttpServerApp {
     }
 }
 
+/// fleetgate patch: a new HTTP/1.1 server session on `stream` (see `process_new`).
+fn new_h1_session<T: HttpServerApp + ?Sized>(
+    app: &T,
+    stream: Stream,
+    shutdown: &ShutdownWatch,
+) -> ServerSession {
+    let mut session = ServerSession::new_http1(stream);
+    if *shutdown.borrow() {
+        // stop downstream from reusing if this service is shutting down soon
+        session.set_keepalive(None);
+    } else {
+        // default 60s
+        session.set_keepalive(Some(60));
+    }
+    session.set_keepalive_reuses_remaining(
+        app.server_options()
+            .and_then(|opts| opts.keepalive_request_limit),
+    );
+    session
+}
+
+/// fleetgate patch: the next HTTP/1.1 session on a reused connection (see `process_new`).
+fn reused_h1_session(
+    stream: Stream,
+    persistent_settings: Option<HttpPersistentSettings>,
+) -> ServerSession {
+    let mut session = ServerSession::new_http1(stream);
+    if let Some(persistent_settings) = persistent_settings {
+        persistent_settings.apply_to_session(&mut session);
+    }
+    session
+}
+
+/// fleetgate patch: the h2 branch of `process_new`, unchanged, as its own future.
+async fn serve_h2<T>(app_arc: &Arc<T>, stream: Stream, shutdown: &ShutdownWatch)
+where
+    T: HttpServerApp + Send + Sync + 'static,
+{
+    let this = app_arc;
+    // create a shared connection digest
+    let digest = Arc::new(Digest {
+        ssl_digest: stream.get_ssl_digest(),
+        // TODO: log h2 handshake time
+        timing_digest: stream.get_timing_digest(),
+        proxy_digest: stream.get_proxy_digest(),
+        socket_digest: stream.get_socket_digest(),
+    });
+
+    let h2_options = this.h2_options();
+    let h2_conn = match server::handshake(stream, h2_options).await {
+        Err(e) => {
+            error!("H2 handshake error {e}");
+            return;
+        }
+        Ok(c) => c,
+    };
+
+    // The accept-loop body — including the graceful-shutdown state
+    // machine — lives in `server::accept_downstream_sessions` so that
+    // the same code path is exercised by tests in `protocols::http::v2`.
+    let app = this.clone();
+    let shutdown_for_session = shutdown.clone();
+    let h2_idle_timeout = this.server_options().and_then(|o| o.h2_idle_timeout);
+    server::accept_downstream_sessions(
+        h2_conn,
+        digest,
+        shutdown.clone(),
+        h2_idle_timeout,
+        |h2_stream, guard| {
+            let app = app.clone();
+            let shutdown = shutdown_for_session.clone();
+            pingora_runtime::current_handle().spawn(async move {
+                // hold `guard` for the session's lifetime so the accept
+                // loop's idle timeout sees this connection as busy.
+                let _guard = guard;
+                // Note, `PersistentSettings` not currently relevant for h2
+                app.process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
+                    .await;
+            });
+        },
+    )
+    .await;
+}
+
 #[async_trait]
 impl<T> ServerApp for T
 where
@@ -297,74 +381,24 @@ where
             }
         }
         if h2c || matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-            // create a shared connection digest
-            let digest = Arc::new(Digest {
-                ssl_digest: stream.get_ssl_digest(),
-                // TODO: log h2 handshake time
-                timing_digest: stream.get_timing_digest(),
-                proxy_digest: stream.get_proxy_digest(),
-                socket_digest: stream.get_socket_digest(),
-            });
-
-            let h2_options = self.h2_options();
-            let h2_conn = match server::handshake(stream, h2_options).await {
-                Err(e) => {
-                    error!("H2 handshake error {e}");
-                    return None;
-                }
-                Ok(c) => c,
-            };
-
-            // The accept-loop body — including the graceful-shutdown state
-            // machine — lives in `server::accept_downstream_sessions` so that
-            // the same code path is exercised by tests in `protocols::http::v2`.
-            let app = self.clone();
-            let shutdown_for_session = shutdown.clone();
-            let h2_idle_timeout = self.server_options().and_then(|o| o.h2_idle_timeout);
-            server::accept_downstream_sessions(
-                h2_conn,
-                digest,
-                shutdown.clone(),
-                h2_idle_timeout,
-                |h2_stream, guard| {
-                    let app = app.clone();
-                    let shutdown = shutdown_for_session.clone();
-                    pingora_runtime::current_handle().spawn(async move {
-                        // hold `guard` for the session's lifetime so the accept
-                        // loop's idle timeout sees this connection as busy.
-                        let _guard = guard;
-                        // Note, `PersistentSettings` not currently relevant for h2
-                        app.process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
-                            .await;
-                    });
-                },
-            )
-            .await;
+            // fleetgate patch: the h2 accept loop's future (~4.5 KB) in its own allocation,
+            // so it does not size the HTTP/1.1 connection's future (boxed by async_trait and
+            // held for the connection's whole life: every open stream paid for it).
+            Box::pin(serve_h2(self, stream, shutdown)).await;
         } else if custom || matches!(stream.selected_alpn_proto(), Some(ALPN::Custom(_))) {
             return self.clone().process_custom_session(stream, shutdown).await;
         } else {
             // No ALPN or ALPN::H1 and h2c was not configured, fallback to HTTP/1.1
-            let mut session = ServerSession::new_http1(stream);
-            if *shutdown.borrow() {
-                // stop downstream from reusing if this service is shutting down soon
-                session.set_keepalive(None);
-            } else {
-                // default 60s
-                session.set_keepalive(Some(60));
-            }
-            session.set_keepalive_reuses_remaining(
-                self.server_options()
-                    .and_then(|opts| opts.keepalive_request_limit),
-            );
-
-            let mut result = self.process_new_http(session, shutdown).await;
+            // fleetgate patch: each session is built in a plain function and moved straight
+            // into `process_new_http`'s boxed future, not kept in a local across the await
+            // (two 680-byte sessions in this future's state for the connection's life).
+            let mut result = self
+                .process_new_http(new_h1_session(self.as_ref(), stream, shutdown), shutdown)
+                .await;
             while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
-                let mut session = ServerSession::new_http1(stream);
-                if let Some(persistent_settings) = persistent_settings {
-                    persistent_settings.apply_to_session(&mut session);
-                }
-
-                result = self.process_new_http(session, shutdown).await;
+                result = self
+                    .process_new_http(reused_h1_session(stream, persistent_settings), shutdown)
+                    .await;
             }
         }
         None

@@ -24,6 +24,7 @@ use crate::listeners::tls::TlsSettings;
 use crate::listeners::AcceptAllFilter;
 use crate::listeners::{
     ConnectionFilter, ListenerConfig, Listeners, ServerAddress, TcpSocketOptions, TransportStack,
+    UninitializedStream,
 };
 use crate::protocols::Stream;
 #[cfg(unix)]
@@ -199,6 +200,27 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
         }
     }
 
+    /// fleetgate patch: an accepted stream's handshake, its timeout and its error log.
+    async fn handshake(io: Box<UninitializedStream>) -> Option<Stream> {
+        let peer_addr = io.peer_addr();
+        match timeout(Duration::from_secs(60), io.handshake()).await {
+            Ok(Ok(io)) => Some(io),
+            Ok(Err(e)) => {
+                // TODO: Maybe IOApp trait needs a fn to handle/filter out this error
+                if let Some(addr) = peer_addr {
+                    error!("Downstream handshake error from {}: {e}", addr);
+                } else {
+                    error!("Downstream handshake error: {e}");
+                }
+                None
+            }
+            Err(_) => {
+                error!("Downstream handshake timeout");
+                None
+            }
+        }
+    }
+
     async fn run_endpoint(
         app_logic: Arc<A>,
         mut stack: TransportStack,
@@ -229,25 +251,13 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                 Ok(io) => {
                     let app = app_logic.clone();
                     let shutdown = shutdown.clone();
+                    // fleetgate patch: the accepted stream (432 bytes) boxed and its
+                    // handshake (~1.3 KB with its timeout) in its own future, so neither
+                    // sizes the task this connection lives in for its whole life.
+                    let io = Box::new(io);
                     current_handle().spawn(async move {
-                        let peer_addr = io.peer_addr();
-                        match timeout(Duration::from_secs(60), io.handshake()).await {
-                            Ok(handshake) => {
-                                match handshake {
-                                    Ok(io) => Self::handle_event(io, app, shutdown).await,
-                                    Err(e) => {
-                                        // TODO: Maybe IOApp trait needs a fn to handle/filter out this error
-                                        if let Some(addr) = peer_addr {
-                                            error!("Downstream handshake error from {}: {e}", addr);
-                                        } else {
-                                            error!("Downstream handshake error: {e}");
-                                        }
-                                    }
-                                }
-                            }
-                            Err(_) => {
-                                error!("Downstream handshake timeout");
-                            }
+                        if let Some(io) = Box::pin(Self::handshake(io)).await {
+                            Self::handle_event(io, app, shutdown).await
                         }
                     });
                 }
