@@ -100,7 +100,9 @@ where
         let addr = fleet.node_config(d.choice().node).addr;
         let (mut h1, reused) = {
             let peer = peer_at(fleet, addr);
-            match nodes.get_http_session(&peer).await {
+            // Boxed, as the client write below: this future lives as long as the reply (an
+            // open stream holds it for minutes), and unboxed these two sized it (~2 KB).
+            match Box::pin(nodes.get_http_session(&peer)).await {
                 Ok((mut h1, reused)) => {
                     h1.read_timeout = peer.options.read_timeout;
                     h1.write_timeout = peer.options.write_timeout;
@@ -176,7 +178,12 @@ fn failed(d: &Dispatch, e: &Error) {
 /// The request as the node sees it: HTTP/1.1, the (possibly translated) body's length, its
 /// host, no fleet or hop-by-hop headers, and no client key when the gateway authenticates.
 fn upstream_request(client: &RequestHeader, fleet: &Fleet, d: &Dispatch) -> Result<RequestHeader> {
-    let mut h = client.clone();
+    // Without the client's header-name case (a node reads names case-insensitively), with room
+    // for what is added below: one map, sized once, where a clone kept two (values and case)
+    // and doubled both on the first insert. The node connection holds it for the whole reply.
+    let mut parts = client.as_owned_parts();
+    parts.headers.reserve(3);
+    let mut h = RequestHeader::from(parts);
     h.set_version(Version::HTTP_11);
     for name in HOP_BY_HOP.iter().chain(&FLEET_REQUEST_HEADERS) {
         h.remove_header(*name);
@@ -193,6 +200,22 @@ fn upstream_request(client: &RequestHeader, fleet: &Fleet, d: &Dispatch) -> Resu
         h.remove_header("x-api-key");
     }
     Ok(h)
+}
+
+/// How many `X-Fleet-*` headers a response gets at most (`Exchange::response_header`).
+const FLEET_RESPONSE_HEADERS: usize = 9;
+
+/// `resp` without its header-name case map (a client reads names case-insensitively), with
+/// room for `extra` more headers. The client's session holds the header for the whole reply:
+/// two maps (values and case), each doubled by the gateway's first insert, were ~2.4 KB of an
+/// open stream's ~32.
+fn without_case(resp: Box<ResponseHeader>, extra: usize) -> Result<Box<ResponseHeader>> {
+    let reason = resp.get_reason_phrase().map(str::to_owned);
+    let mut parts = http::response::Parts::from(*resp);
+    parts.headers.reserve(extra);
+    let mut resp = Box::new(ResponseHeader::from(parts));
+    resp.set_reason_phrase(reason.as_deref())?;
+    Ok(resp)
 }
 
 /// One request/response exchange on one node connection.
@@ -245,8 +268,7 @@ impl Exchange<'_> {
                 }
             }
             if !tasks.is_empty() {
-                session
-                    .write_response_tasks(tasks)
+                Box::pin(session.write_response_tasks(tasks))
                     .await
                     .map_err(|e| e.into_down())?;
             }
@@ -272,7 +294,8 @@ impl Exchange<'_> {
         let t = match t {
             // A node's own `100 Continue` (the client had its 100 from the gateway).
             HttpTask::Header(h, _) if h.status.is_informational() => return Ok(false),
-            HttpTask::Header(mut h, end) => {
+            HttpTask::Header(h, end) => {
+                let mut h = without_case(h, FLEET_RESPONSE_HEADERS)?;
                 chunk_if_close_delimited(&mut h, head_request, end)?;
                 self.response_header(&mut h)?;
                 HttpTask::Header(h, end)
