@@ -21,7 +21,8 @@ pub struct Dispatch {
     pub affinity: AffinityKind,
     /// Winner first, then same-model runners-up for failover.
     pub ranked: Vec<Choice>,
-    pub body: Bytes,
+    /// The request body; see [`Body`].
+    pub body: Mutex<Body>,
     pub started: Instant,
     /// Time spent in the holding and node:model queues before dispatch.
     pub queue_wait: std::time::Duration,
@@ -34,6 +35,26 @@ pub struct Dispatch {
     /// What the rate learner and the prefix memory read after the response.
     pub learn: LearnInput,
     pub state: Mutex<Attempts>,
+}
+
+/// A request's body: as this attempt sends it (the model rewritten for a fallback, the output
+/// budget clamped, translated for the node's protocol) and as the client sent it (for the
+/// next attempt's dispatch). Both go once the reply has begun reaching the client (the request
+/// never moves after that), so an open stream does not hold its prompt, often the largest part
+/// of what it holds, for its whole length.
+#[derive(Debug, Default)]
+pub struct Body {
+    sent: Option<Bytes>,
+    asked: Option<Bytes>,
+}
+
+impl Body {
+    pub fn new(sent: Bytes, asked: Bytes) -> Body {
+        Body {
+            sent: Some(sent),
+            asked: Some(asked),
+        }
+    }
 }
 
 /// The request's side of what a response teaches (`outcome::account`).
@@ -109,6 +130,22 @@ pub struct Attempts {
 }
 
 impl Dispatch {
+    /// What this attempt sends the node; `None` once the reply has begun reaching the client.
+    pub fn sent_body(&self) -> Option<Bytes> {
+        self.body.lock().sent.clone()
+    }
+
+    /// The body as the client sent it, for another attempt's dispatch; `None` once the reply
+    /// has begun reaching the client.
+    pub fn take_asked_body(&self) -> Option<Bytes> {
+        self.body.lock().asked.take()
+    }
+
+    /// The reply has begun reaching the client: no attempt follows, the body is not needed.
+    pub fn release_body(&self) {
+        *self.body.lock() = Body::default();
+    }
+
     /// Node ids of every candidate the request was sent to so far, the current one included
     /// (not those skipped for want of a seat).
     pub fn tried_nodes(&self) -> Vec<String> {
@@ -252,7 +289,7 @@ mod tests {
             requested_model: "m".into(),
             affinity: AffinityKind::None,
             ranked: (0..nodes.len()).map(choice).collect(),
-            body: Bytes::new(),
+            body: Mutex::new(Body::default()),
             started: Instant::now(),
             queue_wait: Default::default(),
             stream: false,
@@ -276,6 +313,24 @@ mod tests {
                 n
             })
             .collect()
+    }
+
+    #[test]
+    fn the_body_is_sent_each_attempt_taken_back_once_and_let_go_when_the_reply_begins() {
+        let ns = nodes(&[1]);
+        let d = dispatch(1, &ns);
+        *d.body.lock() = Body::new(Bytes::from_static(b"sent"), Bytes::from_static(b"asked"));
+        // Each send (a stale pooled connection sends again) reads it; it stays.
+        assert_eq!(d.sent_body().as_deref(), Some(&b"sent"[..]));
+        assert_eq!(d.sent_body().as_deref(), Some(&b"sent"[..]));
+        // Nothing reached the client: the next attempt's dispatch takes the client's body.
+        assert_eq!(d.take_asked_body().as_deref(), Some(&b"asked"[..]));
+        assert_eq!(d.take_asked_body(), None, "taken once");
+        // The reply reached the client: nothing of the body is held any more.
+        *d.body.lock() = Body::new(Bytes::from_static(b"sent"), Bytes::from_static(b"asked"));
+        d.release_body();
+        assert_eq!(d.sent_body(), None);
+        assert_eq!(d.take_asked_body(), None);
     }
 
     #[test]

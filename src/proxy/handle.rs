@@ -92,15 +92,17 @@ pub async fn client_request(
     };
     let mut placement = placement;
     let mut retries = 0;
+    // Moved into each attempt's dispatch and taken back from it for the next one: nothing here
+    // holds it while the reply streams (`dispatch::Body`).
+    let mut body = body;
     loop {
         let asked = Asked {
             ep,
             parsed: &parsed,
             req: route_req,
-            body: &body,
             clamp,
         };
-        let d = match dispatch_for(fleet, &asked, placement, retries) {
+        let d = match dispatch_for(fleet, &asked, body, placement, retries) {
             Ok(d) => d,
             Err(msg) => {
                 let code = ErrorCode::InvalidRequest;
@@ -149,7 +151,9 @@ pub async fn client_request(
         // The node said the prompt overflows its window: re-placed with the count it gave.
         let overflow = d.state.lock().overflow;
         let mut also = None;
-        if spent < d.max_retries {
+        // Always there: it goes only once the reply began reaching the client (never Unsent).
+        let asked_body = d.take_asked_body();
+        if let (true, Some(asked_body)) = (spent < d.max_retries, asked_body) {
             let mut again = route_req.clone();
             again.tried = d.tried_nodes();
             if let Some(n) = overflow.and_then(|o| o.prompt_tokens) {
@@ -163,6 +167,7 @@ pub async fn client_request(
             match place::place(fleet, session, ep, &parsed, &again, terms).await? {
                 Ok(p) => {
                     METRICS.retries.with_label_values(&[&failed]).inc();
+                    body = asked_body;
                     placement = p;
                     retries = spent + 1;
                     continue;
@@ -190,7 +195,6 @@ struct Asked<'a> {
     parsed: &'a protocol::ParsedRequest,
     /// The request as routed (the prompt alone when the output budget is clamped).
     req: &'a crate::routing::RouteRequest,
-    body: &'a bytes::Bytes,
     /// The request as asked, when its output budget is clamped to the chosen node's window.
     clamp: Option<&'a crate::routing::RouteRequest>,
 }
@@ -199,6 +203,7 @@ struct Asked<'a> {
 fn dispatch_for(
     fleet: &Fleet,
     asked: &Asked<'_>,
+    body: bytes::Bytes,
     mut placement: place::Placement,
     retries: u32,
 ) -> std::result::Result<Arc<Dispatch>, String> {
@@ -206,7 +211,6 @@ fn dispatch_for(
         ep,
         parsed,
         req,
-        body,
         clamp,
     } = *asked;
     let model = placement.ranked[0].model.clone();
@@ -220,8 +224,8 @@ fn dispatch_for(
             .in_flight
             .load(std::sync::atomic::Ordering::Relaxed),
     };
-    let body = if model != parsed.model {
-        protocol::rewrite_model(body, &model).unwrap_or_else(|| body.clone())
+    let sent = if model != parsed.model {
+        protocol::rewrite_model(&body, &model).unwrap_or_else(|| body.clone())
     } else {
         body.clone()
     };
@@ -230,19 +234,19 @@ fn dispatch_for(
         let view = fleet.view();
         budget::clamp_for(asked, view.nodes.get(placement.ranked[0].node)?, &model)
     });
-    let body = match clamped {
-        Some(max) => budget::rewrite(ep, &body, max).unwrap_or(body),
-        None => body,
+    let sent = match clamped {
+        Some(max) => budget::rewrite(ep, &sent, max).unwrap_or(sent),
+        None => sent,
     };
     let upstream = xlate::plan(fleet, ep, &mut placement.ranked);
-    let body = xlate::request(ep, upstream, body)?;
+    let sent = xlate::request(ep, upstream, sent)?;
     let d = Arc::new(Dispatch {
         endpoint: ep,
         upstream,
         requested_model: parsed.model.clone(),
         affinity: placement.affinity,
         ranked: placement.ranked,
-        body,
+        body: Mutex::new(super::dispatch::Body::new(sent, body)),
         started: Instant::now(),
         queue_wait: placement.queue_wait,
         stream: parsed.stream,

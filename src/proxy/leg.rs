@@ -9,11 +9,12 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use bytes::Bytes;
 use futures::FutureExt;
 use http::Version;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
-use pingora::{Error, ErrorSource, Result};
+use pingora::{Error, ErrorSource, ErrorType, Result};
 use pingora_core::connectors::http::v1::Connector;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::protocols::http::HttpTask;
@@ -114,15 +115,26 @@ where
                 }
             }
         };
+        // Taken for each send (a pooled connection the node had closed sends again), and
+        // dropped once written: the dispatch lets go of it when the reply reaches the client.
+        let Some(body) = d.sent_body() else {
+            return Error::e_explain(ErrorType::InternalError, "the request body was released");
+        };
         // Boxed: the exchange's future holds it (moved out or not) for the whole reply.
-        let req = Box::new(upstream_request(session.req_header(), fleet, d)?);
+        let req = Box::new(upstream_request(
+            session.req_header(),
+            fleet,
+            d,
+            body.len(),
+        )?);
         let mut exchange = Exchange {
             h1: &mut h1,
             d,
             fleet,
             translator: None,
+            body_released: false,
         };
-        match exchange.run(session, req, deliver).await {
+        match exchange.run(session, req, body, deliver).await {
             Ok(()) => return Ok(Spare { h1, addr }),
             // Nothing came back on a pooled connection the node had closed: a fresh one.
             Err(e) if stale::retry(d, &e, reused) => continue,
@@ -177,7 +189,12 @@ fn failed(d: &Dispatch, e: &Error) {
 
 /// The request as the node sees it: HTTP/1.1, the (possibly translated) body's length, its
 /// host, no fleet or hop-by-hop headers, and no client key when the gateway authenticates.
-fn upstream_request(client: &RequestHeader, fleet: &Fleet, d: &Dispatch) -> Result<RequestHeader> {
+fn upstream_request(
+    client: &RequestHeader,
+    fleet: &Fleet,
+    d: &Dispatch,
+    body_len: usize,
+) -> Result<RequestHeader> {
     // Without the client's header-name case (a node reads names case-insensitively), with room
     // for what is added below: one map, sized once, where a clone kept two (values and case)
     // and doubled both on the first insert. The node connection holds it for the whole reply.
@@ -188,7 +205,7 @@ fn upstream_request(client: &RequestHeader, fleet: &Fleet, d: &Dispatch) -> Resu
     for name in HOP_BY_HOP.iter().chain(&FLEET_REQUEST_HEADERS) {
         h.remove_header(*name);
     }
-    h.insert_header("content-length", d.body.len().to_string())?;
+    h.insert_header("content-length", body_len.to_string())?;
     // The gateway answered `100 Continue` itself; the node gets the whole body at once.
     h.remove_header("expect");
     xlate::upstream_header(&mut h, d)?;
@@ -224,6 +241,8 @@ struct Exchange<'a> {
     d: &'a Dispatch,
     fleet: &'a Fleet,
     translator: Option<ResponseTranslator>,
+    /// `d`'s body let go of (`Dispatch::release_body`).
+    body_released: bool,
 }
 
 impl Exchange<'_> {
@@ -231,6 +250,7 @@ impl Exchange<'_> {
         &mut self,
         session: &mut Session,
         req: Box<RequestHeader>,
+        body: Bytes,
         deliver: &mut F,
     ) -> Result<()>
     where
@@ -240,12 +260,10 @@ impl Exchange<'_> {
             .write_request_header(req)
             .await
             .map_err(Error::into_up)?;
-        if !self.d.body.is_empty() {
-            self.h1
-                .write_body(&self.d.body)
-                .await
-                .map_err(Error::into_up)?;
+        if !body.is_empty() {
+            self.h1.write_body(&body).await.map_err(Error::into_up)?;
         }
+        drop(body);
         self.h1.finish_body().await.map_err(Error::into_up)?;
         let head_request = session.req_header().method == http::Method::HEAD;
         let mut ended = false;
@@ -271,6 +289,11 @@ impl Exchange<'_> {
                 Box::pin(session.write_response_tasks(tasks))
                     .await
                     .map_err(|e| e.into_down())?;
+                // The reply has begun reaching the client: the request never moves now.
+                if !self.body_released {
+                    self.body_released = true;
+                    self.d.release_body();
+                }
             }
             if let Some(e) = broke {
                 return Err(e);
