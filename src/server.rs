@@ -25,9 +25,10 @@ use crate::services::rebalance::Rebalance;
 
 /// Read buffer of each client connection. Pingora's default is 64 KiB, held for as long as
 /// the connection is open: with 2,000 open streams it was 44 % of the gateway's heap
-/// (heaptrack, `benches/sidebyside` streams phase). 4 KiB takes a request head and a small
+/// (heaptrack, `benches/sidebyside` streams phase). 2 KiB takes a request head and a 1 KiB
 /// prompt in one read; a read larger than the buffer (Pingora's body reads) bypasses it, so
-/// 16 KiB bought nothing measurable and cost 12 KB per open connection (benches/README.md).
+/// 16 KiB bought nothing measurable and cost 12 KB per open connection, and 4 KiB held 2 KB
+/// more per open stream than 2 (benches/README.md, stops 24 and 37).
 const CLIENT_READ_BUFFER: usize = 2 * 1024;
 
 #[derive(Debug, thiserror::Error)]

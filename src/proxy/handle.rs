@@ -153,6 +153,9 @@ pub async fn client_request(
         let mut also = None;
         // Always there: it goes only once the reply began reaching the client (never Unsent).
         let asked_body = d.take_asked_body();
+        if asked_body.is_none() {
+            log::warn!("request body released before an unsent attempt: not retried");
+        }
         if let (true, Some(asked_body)) = (spent < d.max_retries, asked_body) {
             let mut again = route_req.clone();
             again.tried = d.tried_nodes();

@@ -98,6 +98,12 @@ where
     F: FnMut(HttpTask) -> Result<Option<HttpTask>>,
 {
     loop {
+        // Taken for each send (a pooled connection the node had closed sends again), and
+        // dropped once written: the dispatch lets go of it when the reply reaches the client,
+        // after which no attempt follows (checked before a connection is taken).
+        let Some(body) = d.sent_body() else {
+            return Error::e_explain(ErrorType::InternalError, "the request body was released");
+        };
         let addr = fleet.node_config(d.choice().node).addr;
         let (mut h1, reused) = {
             let peer = peer_at(fleet, addr);
@@ -114,11 +120,6 @@ where
                     continue;
                 }
             }
-        };
-        // Taken for each send (a pooled connection the node had closed sends again), and
-        // dropped once written: the dispatch lets go of it when the reply reaches the client.
-        let Some(body) = d.sent_body() else {
-            return Error::e_explain(ErrorType::InternalError, "the request body was released");
         };
         // Boxed: the exchange's future holds it (moved out or not) for the whole reply.
         let req = Box::new(upstream_request(
