@@ -43,7 +43,9 @@ pub async fn client_request(
     };
     let family = ep.family();
     arrival.protocol = ep.label();
-    let body = match intake::read_body(session, fleet).await? {
+    // Moved into each attempt's dispatch and taken back from it for the next one: nothing here
+    // holds it while the reply streams (`dispatch::Body`).
+    let mut body = match intake::read_body(session, fleet).await? {
         Ok(b) => b,
         Err((code, msg)) => return fail(session, log, &arrival, family, code, &msg).await,
     };
@@ -92,9 +94,6 @@ pub async fn client_request(
     };
     let mut placement = placement;
     let mut retries = 0;
-    // Moved into each attempt's dispatch and taken back from it for the next one: nothing here
-    // holds it while the reply streams (`dispatch::Body`).
-    let mut body = body;
     loop {
         let asked = Asked {
             ep,
@@ -156,7 +155,7 @@ pub async fn client_request(
         if asked_body.is_none() {
             log::warn!("request body released before an unsent attempt: not retried");
         }
-        if let (true, Some(asked_body)) = (spent < d.max_retries, asked_body) {
+        if let Some(asked_body) = asked_body.filter(|_| spent < d.max_retries) {
             let mut again = route_req.clone();
             again.tried = d.tried_nodes();
             if let Some(n) = overflow.and_then(|o| o.prompt_tokens) {

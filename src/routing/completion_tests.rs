@@ -353,11 +353,7 @@ fn a_full_node_whose_seats_free_first_wins() {
 /// fastest each time the fast ones had a stream or two.)
 #[test]
 fn an_untried_node_is_priced_as_a_typical_one() {
-    let f = fleet_of_4_seats(vec![
-        node("known", vec![loaded("m", 5.0)]),
-        node("slow", vec![loaded("m", 5.0)]),
-        node("fresh", vec![loaded("m", 5.0)]),
-    ]);
+    let f = alike(&["known", "slow", "fresh"], 5.0);
     let r = req(&["m"], 1_000);
     // The known node runs 2 streams (each adds 5 ms per token): 50 tokens/s; a typical node
     // alone: 1 / 30 ms = 33 tokens/s. The known one wins.
@@ -392,11 +388,7 @@ fn an_untried_node_is_priced_as_a_typical_one() {
 /// node's rates, so a new box is tried at a load the known nodes would carry alone.
 #[test]
 fn an_untried_node_is_discounted_once_the_model_has_been_served_a_while() {
-    let f = fleet_of_4_seats(vec![
-        node("known", vec![loaded("m", 5.0)]),
-        node("slow", vec![loaded("m", 5.0)]),
-        node("fresh", vec![loaded("m", 5.0)]),
-    ]);
+    let f = alike(&["known", "slow", "fresh"], 5.0);
     let r = req(&["m"], 1_000);
     let first = |ms: u64| Rates {
         first_ms: Some(ms),
