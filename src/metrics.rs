@@ -38,6 +38,7 @@ pub const REBALANCE_MOVES_TOTAL: &str = "fleetgate_queue_rebalance_moves_total";
 pub const PULLS_TOTAL: &str = "fleetgate_queue_pulls_total";
 pub const ELIMINATIONS_TOTAL: &str = "fleetgate_routing_eliminations_total";
 pub const EVICTIONS_TOTAL: &str = "fleetgate_routing_evictions_total";
+pub const MEASUREMENTS_TOTAL: &str = "fleetgate_routing_measurements_total";
 pub const DECISIONS_TOTAL: &str = "fleetgate_routing_decisions_total";
 pub const TOKENS_TOTAL: &str = "fleetgate_proxy_tokens_total";
 pub const TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "fleetgate_proxy_time_per_output_token_seconds";
@@ -92,6 +93,8 @@ pub struct Metrics {
     pub eliminations: IntCounterVec,
     /// Idle models the gateway unloaded to make room for a cold load (completion mode).
     pub evictions: IntCounterVec,
+    /// First measurements the gateway sent (completion mode, `services::measure`).
+    pub measurements: IntCounterVec,
     pub decisions: IntCounterVec,
     pub tokens: IntCounterVec,
     pub tpot: HistogramVec,
@@ -243,6 +246,13 @@ fn build() -> Result<Metrics, prometheus::Error> {
             ),
             nm,
         )?,
+        measurements: IntCounterVec::new(
+            opts!(
+                MEASUREMENTS_TOTAL,
+                "First measurements: a short request of the gateway's own to a loaded model no answer had measured (completion mode)"
+            ),
+            &["node", "model", "outcome"],
+        )?,
         rebalance_moves: IntCounterVec::new(
             opts!(
                 REBALANCE_MOVES_TOTAL,
@@ -318,6 +328,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     m.registry.register(Box::new(m.pulls.clone()))?;
     m.registry.register(Box::new(m.eliminations.clone()))?;
     m.registry.register(Box::new(m.evictions.clone()))?;
+    m.registry.register(Box::new(m.measurements.clone()))?;
     m.registry.register(Box::new(m.decisions.clone()))?;
     m.registry.register(Box::new(m.tokens.clone()))?;
     m.registry.register(Box::new(m.tpot.clone()))?;

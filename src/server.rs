@@ -151,6 +151,10 @@ pub fn prepare_with(config: Config, upgrade: bool) -> Result<Prepared, StartErro
             LearnerSaver::new(fleet.clone(), dir),
         ));
     }
+    server.add_service(background_service(
+        "first measurement",
+        crate::services::measure::Measure::new(fleet.clone()),
+    ));
     server.add_service(background_service("pre-warm", Prewarm::new(fleet.clone())));
     server.add_service(background_service(
         "rebalance",

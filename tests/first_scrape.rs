@@ -77,6 +77,12 @@ fn a_fresh_gateways_first_scrape_has_every_family_at_zero() {
             let nm = [("node", node), ("model", model)];
             want("fleetgate_queue_prewarms_total", &nm);
             want("fleetgate_routing_evictions_total", &nm);
+            for outcome in ["learned", "failed", "load"] {
+                want(
+                    "fleetgate_routing_measurements_total",
+                    &[("node", node), ("model", model), ("outcome", outcome)],
+                );
+            }
             want("fleetgate_fleet_breaker_state", &nm);
             for to in ["open", "half_open", "closed"] {
                 want(

@@ -370,9 +370,15 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
         Policy::Fleetgate(mode, supported) => {
             let yaml = gateway_yaml(&nodes, &sims, supported.then_some(mode), sc.stretch);
             let gw = common::Gateway::start(2, &yaml);
-            // Ready when every node has answered a poll.
+            // Ready when every node has answered a poll and, in completion mode, the first
+            // measurements are done (a gateway up for a second before traffic arrives).
+            let measures = mode == Mode::Completion && supported;
+            let ready = |n: &fleetgate::fleet::NodeState| {
+                let live = n.live.lock();
+                live.polled && (!measures || (live.measure_passed && !live.measuring))
+            };
             let deadline = Instant::now() + Duration::from_secs(20);
-            while !gw.fleet.nodes().iter().all(|n| n.live.lock().polled) {
+            while !gw.fleet.nodes().iter().all(|n| ready(n)) {
                 assert!(Instant::now() < deadline, "gateway never polled the fleet");
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -121,6 +121,11 @@ fn prime_model(id: &str, model: &str) {
     METRICS.queue_timeouts.with_label_values(&nm);
     METRICS.prewarms.with_label_values(&nm);
     METRICS.evictions.with_label_values(&nm);
+    for outcome in crate::services::measure::OUTCOMES {
+        METRICS
+            .measurements
+            .with_label_values(&[id, model, outcome]);
+    }
     METRICS.breaker_state.with_label_values(&nm);
     for to in BREAKER_TO {
         METRICS

@@ -45,6 +45,13 @@ pub struct NodeLive {
     pub models: Vec<LiveModel>,
     pub seats: Option<u32>,
     pub free_memory_gb: Option<f64>,
+    /// Models asked once for a first measurement (`services::measure`), answered or not.
+    pub measured: Vec<String>,
+    /// A first-measurement pass over the node is under way.
+    pub measuring: bool,
+    /// A first-measurement pass over the node has ended at least once (nothing to measure
+    /// counts): what a bench waits for before its trace.
+    pub measure_passed: bool,
 }
 
 /// What an operator wants to hear about when it changes: health and which models are loaded.

@@ -155,7 +155,7 @@ impl NodeState {
         }
     }
 
-    fn peek(&self, model: &str) -> Option<Arc<ModelCounters>> {
+    pub(crate) fn peek(&self, model: &str) -> Option<Arc<ModelCounters>> {
         self.models.read().get(model).cloned()
     }
 

@@ -76,6 +76,11 @@ pub struct Observation {
     /// to split the time of a response that was neither streamed nor timed by the backend.
     pub prior_prefill_tps: f64,
     pub prior_spt: f64,
+    /// A first measurement (`services::measure`): the gateway's own short request, not a
+    /// client's. It teaches the prefill and decode lines only: its seat time, output length
+    /// and timing say nothing of what clients ask, so neither the service time, the output
+    /// mean nor the gaps between answers hear of it.
+    pub measurement: bool,
 }
 
 /// The learned rates of one node:model pair.
@@ -140,9 +145,11 @@ impl PairRates {
             _ => *o,
         };
         let before = self.rates();
-        self.service.add(o.service_s, now);
-        if let Some(out) = o.output_tokens {
-            self.output.add(f64::from(out), now);
+        if !o.measurement {
+            self.service.add(o.service_s, now);
+            if let Some(out) = o.output_tokens {
+                self.output.add(f64::from(out), now);
+            }
         }
         let tokens = f64::from(o.prompt_tokens);
         let ahead_s = o.prefill_ahead_s.filter(|a| usable(*a)).unwrap_or(0.0);
@@ -219,7 +226,7 @@ impl PairRates {
                 gen_s = (est_d > 0.0).then_some(est_d * k);
             }
             // A cold reply's load is itself inferred: it would teach the plane that guess.
-            if !o.cold && busy > 0.0 && o.prompt_tokens > 0 && out.is_some() {
+            if !o.cold && !o.measurement && busy > 0.0 && o.prompt_tokens > 0 && out.is_some() {
                 self.whole.add(tokens, n_out, busy, now);
             }
         }
@@ -242,7 +249,8 @@ impl PairRates {
         if let (Some(n), Some(g)) = (out, gen_s.filter(|g| *g > 0.0)) {
             self.decode.add(streams, g / n, now);
         }
-        if let Some(last) = self.last_ms {
+        // Gaps between clients' answers only (`first_ms` is the first of those).
+        if let (Some(last), Some(_), false) = (self.last_ms, self.first_ms, o.measurement) {
             if self.gaps.len() >= GAPS {
                 self.gaps.remove(0);
             }
@@ -251,7 +259,9 @@ impl PairRates {
         }
         self.observed = self.observed.saturating_add(1);
         self.last_ms = Some(now);
-        self.first_ms.get_or_insert(now);
+        if !o.measurement {
+            self.first_ms.get_or_insert(now);
+        }
     }
 
     /// Seconds a cold load of the model took on the node (`None`: none observed).
@@ -731,5 +741,39 @@ mod tests {
         assert!((demand - 0.5).abs() < 1e-9, "{demand}");
         // Quiet for a minute: at most one per minute.
         assert!((r.rates().demand_per_s(0, at + 60_000) - 1.0 / 60.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_first_measurement_teaches_the_rates_but_not_what_clients_ask() {
+        let mut p = PairRates::default();
+        // The gateway's own short request: 300 prompt tokens, 16 out, at 1000 / 40 tokens/s.
+        let m = Observation {
+            output_tokens: Some(16),
+            service_s: 0.05 + 0.3 + 16.0 / 40.0,
+            measurement: true,
+            ..response(1_000_000, 300, 1, 1_000.0, 40.0, 0.0)
+        };
+        p.observe(&m);
+        let r = p.rates();
+        assert_eq!(r.observed, 1, "a measured pair is no longer untried");
+        assert!(within(1.0 / r.decode_spt.unwrap(), 40.0, 0.02), "{r:?}");
+        assert!(r.prefill_tps.is_some(), "{r:?}");
+        assert_eq!(
+            r.last_ms,
+            Some(1_000_000),
+            "measured now: not explored at once"
+        );
+        assert_eq!(
+            (r.service_s, r.output_tokens, r.first_ms, r.gap_s),
+            (None, None, None, None),
+            "its seat time, its 16 tokens and its time say nothing of clients' requests"
+        );
+        // Clients' answers then teach the rest; the gap from the measurement is no demand.
+        p.observe(&response(1_030_000, 2_000, 1, 1_000.0, 40.0, 0.0));
+        p.observe(&response(1_032_000, 2_000, 1, 1_000.0, 40.0, 0.0));
+        let r = p.rates();
+        assert_eq!(r.output_tokens, Some(200.0));
+        assert_eq!(r.first_ms, Some(1_030_000));
+        assert_eq!(r.gap_s, Some(2.0), "{r:?}");
     }
 }

@@ -221,6 +221,7 @@ fn learn(
         prior_prefill_tps,
         prior_spt,
         idle_load_s: None,
+        measurement: false,
     };
     // Sent to a pair idle past the keep-alive on a node that hides its loads: did the node
     // load the model first? (A node that does once is expected to after each such spell.)

@@ -153,6 +153,10 @@ pub struct Policy {
     /// cheapest to reload (`evict.rs`) instead of leaving the choice to the backend's own
     /// least-recently-used rule.
     pub completion_choose_evictions: bool,
+    /// A model a node holds in memory that no answer has measured yet is asked once, when
+    /// the gateway first sees it, for a short answer (`services::measure`): its prefill and
+    /// decode rates are the node's own before clients' requests would teach them.
+    pub completion_measure: bool,
 
     // ---- Output ---------------------------------------------------------------------------
     /// Most entries kept in `Decision::ranked` (winner + runners-up for retries / pre-warm).
@@ -240,6 +244,7 @@ impl Default for Policy {
             completion_explore_factor: 0.5,
             completion_keep_alive_s: 300,
             completion_choose_evictions: true,
+            completion_measure: true,
 
             max_ranked: 16,
         }

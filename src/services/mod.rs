@@ -1,10 +1,11 @@
 //! Background services: node health/state polling, the fleet clock (time-driven state),
-//! capacity-learner persistence, pre-warm, rebalance, auto-pull, start-up settling.
+//! capacity-learner persistence, first measurements, pre-warm, rebalance, auto-pull, start-up settling.
 
 pub mod autopull;
 pub mod clock;
 pub mod health;
 pub mod learning;
+pub mod measure;
 pub mod node_api;
 pub mod ops;
 pub mod prewarm;
