@@ -129,3 +129,103 @@ fn spec_000_mode_sends_the_nodes_nothing_of_its_own() {
         assert_eq!(served(s), 0, "spec 000's mode measures nothing");
     }
 }
+
+/// A bare Ollama-speaking node that holds `m:1b` and, asked to chat, streams one token every
+/// 5 ms for ever (it ignores `num_predict`); counts the tokens it wrote and whether the
+/// client hung up.
+async fn endless_node(
+    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    hung_up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let (written, hung_up) = (written.clone(), hung_up.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).to_string();
+                let json = |body: &str| {
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let listed =
+                    r#"{"models":[{"name":"m:1b","size":1000000000,"context_length":8192}]}"#;
+                if head.starts_with("GET /api/tags") || head.starts_with("GET /api/ps") {
+                    let _ = s.write_all(json(listed).as_bytes()).await;
+                } else if head.starts_with("POST /api/chat") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+                        .await;
+                    let line = "{\"model\":\"m:1b\",\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"done\":false}\n";
+                    let frame = format!("{:x}\r\n{line}\r\n", line.len());
+                    loop {
+                        if s.write_all(frame.as_bytes()).await.is_err() {
+                            hung_up.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                        written.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                } else {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_node_that_ignores_the_token_limit_is_hung_up_on_and_still_measured() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let rt = runtime();
+    let (written, hung_up) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let addr = rt.block_on(endless_node(written.clone(), hung_up.clone()));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        fleet(&[format!(
+            "    - id: endless\n      url: http://{addr}\n      backend: ollama\n      capacity: 2\n      memory_gb: 8\n"
+        )])
+    ));
+    rt.block_on(async {
+        eventually("the endless answer hung up on", || async {
+            hung_up.load(Ordering::SeqCst)
+        })
+        .await;
+        let tokens = written.load(Ordering::SeqCst);
+        assert!(
+            tokens <= 200,
+            "the gateway read {tokens} tokens of an answer it asked 16 of"
+        );
+        let ask = json!({"model": "m:1b", "messages": [{"role": "user", "content": "hi"}]});
+        let report = explain(&gw, "/fleet/explain", &ask).await;
+        let r = row(&report, "endless").expect("a row for the node");
+        // One token every 5 ms (plus the sleep's slack): ~100-200 tokens/s.
+        let tps = r["decode_tps"].as_f64().unwrap_or(0.0);
+        assert!(
+            r["observed"].as_u64() == Some(1) && (50.0..=250.0).contains(&tps),
+            "measured from what was read: {r:#}"
+        );
+    });
+}

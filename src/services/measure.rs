@@ -33,6 +33,8 @@ use crate::routing::{Health, Mode};
 
 /// Tokens asked for: enough to time the decode, few enough to cost a slow laptop ~0.2 s.
 pub const OUTPUT_TOKENS: u32 = 16;
+/// Chunks read at most (a node that ignores the limit is hung up on past them).
+const MAX_CHUNKS: u32 = 4 * OUTPUT_TOKENS;
 /// Sentences in the prompt: ~300 tokens, past the 256 from which a prefill rate is fitted.
 const SENTENCES: usize = 24;
 const SENTENCE: &str =
@@ -190,6 +192,11 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
         while let Some(chunk) = resp.chunk().await.map_err(|e| format!("POST {url}: {e}"))? {
             first_byte.get_or_insert_with(Instant::now);
             observer.feed(&chunk);
+            // A node that ignores the token limit is not left generating for the gateway:
+            // enough was seen to time the decode, and dropping the reply hangs up.
+            if observer.chunks() > MAX_CHUNKS {
+                break;
+            }
         }
         Ok((first_byte, observer.finish()))
     };
