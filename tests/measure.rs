@@ -229,3 +229,53 @@ fn a_node_that_ignores_the_token_limit_is_hung_up_on_and_still_measured() {
         );
     });
 }
+
+#[test]
+fn a_pair_measured_before_a_restart_is_not_asked_again() {
+    let rt = runtime();
+    let ws = sim(&rt, WORKSTATION);
+    let dir = std::env::temp_dir().join(format!("fleetgate-measure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let yaml = format!(
+        "health:\n  poll_interval_ms: 200\nlearning:\n  state_dir: {}\n  save_interval_s: 1\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        dir.display(),
+        fleet(&[node(
+            "workstation",
+            &ws,
+            "      capacity: 8\n      memory_gb: 64\n"
+        )])
+    );
+    {
+        let _gw = Gateway::start(&yaml);
+        rt.block_on(eventually("the rates saved", || async {
+            std::fs::read_to_string(dir.join("rates.json"))
+                .is_ok_and(|t| t.contains("workstation/small:3b"))
+        }));
+    }
+    assert_eq!(served(&ws), 1, "measured once by the first gateway");
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        let report = explain(&gw, "/fleet/explain", &ask("which node?")).await;
+        let r = row(&report, "workstation").expect("a row");
+        assert!(r["observed"].as_u64() > Some(0), "rates restored: {r:#}");
+    });
+    // Several passes (200 ms): the restored rates say it was measured.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert_eq!(served(&ws), 1, "not asked again after the restart");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_node_known_by_its_url_only_is_not_measured() {
+    // `backend: openai` hides its loads: a wake or an on-demand load would be taken for the
+    // model's prefill.
+    let rt = runtime();
+    let ws = sim(&rt, WORKSTATION);
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        fleet(&[node_by_url("by-url", &ws)])
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert!(gw.fleet.nodes().iter().all(|n| n.live.lock().polled));
+    assert_eq!(served(&ws), 0, "nothing asked of a backend: openai node");
+}

@@ -45,8 +45,9 @@ pub struct NodeLive {
     pub models: Vec<LiveModel>,
     pub seats: Option<u32>,
     pub free_memory_gb: Option<f64>,
-    /// Models asked once for a first measurement (`services::measure`), answered or not.
-    pub measured: Vec<String>,
+    /// Tries of a first measurement per model (`services::measure`); `MAX_TRIES`: done
+    /// (answered, or a refusal that asking again would not change).
+    pub measured: std::collections::BTreeMap<String, u32>,
     /// A first-measurement pass over the node is under way.
     pub measuring: bool,
     /// A first-measurement pass over the node has ended at least once (nothing to measure

@@ -348,6 +348,18 @@ impl Fleet {
     }
 
     /// The current routing snapshot.
+    /// Routing's priors for node `idx`'s `model` (prompt tokens/s, seconds per output token;
+    /// 0: none): what splits the time of an answer that was neither streamed nor timed.
+    pub fn rate_priors(&self, idx: usize, model: &str) -> (f64, f64) {
+        self.view()
+            .nodes
+            .get(idx)
+            .and_then(|n| Some((n, n.model(model)?)))
+            .map_or((0.0, 0.0), |(n, m)| {
+                crate::routing::priors(&self.config().routing.policy, n, m)
+            })
+    }
+
     pub fn view(&self) -> Arc<FleetView> {
         if now_ms() >= self.next_due_ms.load(Ordering::Relaxed) {
             self.publish();

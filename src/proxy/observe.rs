@@ -142,6 +142,11 @@ impl StreamObserver {
     }
 }
 
+/// A backend's nanoseconds (`eval_duration` ...) as seconds; none when absent or zero.
+pub fn secs(ns: Option<u64>) -> Option<f64> {
+    ns.filter(|n| *n > 0).map(|n| n as f64 / 1e9)
+}
+
 fn is_done(prefix: &[u8]) -> bool {
     let rest = prefix.strip_prefix(b"data:").unwrap_or(prefix);
     let rest = rest.strip_prefix(b" ").unwrap_or(rest);

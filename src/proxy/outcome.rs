@@ -167,7 +167,7 @@ fn learn(
     let c = d.choice();
     let l = &d.learn;
     let now = now_ms();
-    let secs = |ns: Option<u64>| ns.filter(|n| *n > 0).map(|n| n as f64 / 1e9);
+    let secs = super::observe::secs;
     // The cached prefix was where it was credited: the node this gateway remembers serving
     // the conversation. A first turn (nothing remembered) is taken as uncached even on its
     // rendezvous node: if another replica had served it there, the node only looks faster
@@ -182,14 +182,7 @@ fn learn(
         .cached_tokens
         .filter(|_| observed.prompt_tokens.is_some());
     let (evaluated, counted) = evaluated_tokens(base, reported, credited);
-    let view = fleet.view();
-    let (prior_prefill_tps, prior_spt) = view
-        .nodes
-        .get(c.node)
-        .and_then(|n| Some((n, n.model(&c.model)?)))
-        .map_or((0.0, 0.0), |(n, m)| {
-            crate::routing::priors(&fleet.config().routing.policy, n, m)
-        });
+    let (prior_prefill_tps, prior_spt) = fleet.rate_priors(c.node, &c.model);
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
     let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden) = {

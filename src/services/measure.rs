@@ -1,24 +1,37 @@
 //! First measurement (completion mode): a model a node holds in memory that no answer has
 //! measured yet is asked once, as soon as the gateway sees it, for a short answer (a
-//! ~300-token prompt, 16 tokens out, streamed), so routing starts from the node's own prefill
-//! and decode rates. Without it the first requests of a fresh gateway go to nodes priced as a
-//! typical node of the model: at a home lab's pace that sent the first small-model requests to
-//! laptops 4x slower than the idle workstation (14-16 s each instead of ~2.5 s).
+//! ~300-token prompt, 16 tokens out, streamed), so routing starts from the node's own decode
+//! rate (and a floor for its prefill: one prompt length gives TTFT over tokens, raised to the
+//! model's typical rate until answers of other lengths come, `completion.rs`). Without it the
+//! first requests of a fresh gateway go to nodes priced as a typical node of the model: at a
+//! home lab's pace that sent the first small-model requests to laptops 4x slower than the idle
+//! workstation (14-16 s each instead of ~2.5 s).
 //!
-//! What is asked: on Ollama, the models `/api/ps` lists; on vLLM, every model it serves; on
-//! llama.cpp, its model when it lists one and is awake (a router that lists several loads them
-//! on demand: asking would load each). Not on `backend: openai`: such a node hides its loads
-//! (LM Studio loads on demand, a sleeping server wakes), so the answer's time could be a load
-//! nobody reports, taken for the model's prefill.
-//! The prompt starts with a nonce, so no prefix cache answers it from an earlier run. One
-//! model at a time per node, nodes in parallel; each model is asked once per gateway process
-//! (answered or not), and not at all once an answer was observed (rates kept in the state dir
-//! survive a restart). The answer feeds the pair's prefill and decode lines only
+//! What is asked: on Ollama, the models `/api/ps` lists (with the window it reports as
+//! `num_ctx`: a request at another window reloads the model); on vLLM, every model it serves;
+//! on llama.cpp, its model when it lists one and is awake (a router that lists several loads
+//! them on demand: asking would load each). Not on `backend: openai`: such a node hides its
+//! loads (LM Studio loads on demand, a sleeping server wakes), so the answer's time could be a
+//! load nobody reports, taken for the model's prefill. The prompt starts with a nonce, so no
+//! prefix cache answers it from an earlier run.
+//!
+//! When: one model at a time per node, nodes in parallel, every `health.poll_interval`; only
+//! while the node is idle (no request of this gateway's on it, none its backend says it runs
+//! or holds) and online as routing sees it (not paused or draining), on a seat of the pair
+//! taken like a request's (routing counts it, an eviction leaves the model alone meanwhile).
+//! A node busy from the start is measured by its clients' answers instead. Asked once per
+//! gateway process: again after a connection error or a 5xx (at most `MAX_TRIES`), not after
+//! a 4xx (a model that does not chat) nor once an answer was observed (rates kept in the
+//! state dir survive a restart). Like any client request that names none, it leaves the
+//! model's keep-alive at the backend's default.
+//!
+//! The answer feeds the pair's prefill and decode lines only
 //! (`fleet::Observation::measurement`): not its service time, output length or demand. A
 //! reply that shows a model load (Ollama `load_duration` past a second) teaches nothing.
 //! `routing.policy.completion_measure: false` turns it off; spec 000's mode never asks. Counted
 //! in `fleetgate_routing_measurements_total{node,model,outcome}`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,12 +72,26 @@ pub struct Measure {
     client: reqwest::Client,
 }
 
+/// Tries of one model's first measurement: a node down or overloaded at start is asked again
+/// on later passes, at most this often.
+pub const MAX_TRIES: u32 = 3;
+
+/// How one try went.
+enum Tried {
+    /// Rates learned, or an answer that waited for a load (nothing learned, not asked again).
+    Done,
+    /// The node is busy (clients' requests, or the backend says it runs some), the model is
+    /// no longer loaded, or the node is not online: not a try; the next pass looks again.
+    NotNow,
+    /// No answer: a connection error or a 5xx may pass (asked again up to `MAX_TRIES`).
+    Failed,
+    /// Refused (4xx: a model that does not chat): asking again would not change it.
+    Refused,
+}
+
 impl Measure {
     pub fn new(fleet: Arc<Fleet>) -> Measure {
-        let client = reqwest::Client::builder()
-            .timeout(TIMEOUT)
-            .build()
-            .unwrap_or_default();
+        let client = super::node_api::client(TIMEOUT);
         Measure { fleet, client }
     }
 
@@ -79,16 +106,16 @@ impl Measure {
         for idx in 0..self.fleet.len() {
             let node = self.fleet.node(idx);
             // Read apart from the rates (no lock held while another is taken).
-            let (models, health, measured) = {
+            let (models, measured) = {
                 let live = node.live.lock();
                 if live.measuring || !live.polled {
                     continue;
                 }
-                (live.models.clone(), live.health, live.measured.clone())
+                (live.models.clone(), live.measured.clone())
             };
-            let todo = match health {
-                Health::Online => pending(&self.fleet, idx, &models, &measured),
-                _ => Vec::new(),
+            let todo = match online(&self.fleet, idx) {
+                true => pending(&self.fleet, idx, &models, &measured),
+                false => Vec::new(),
             };
             {
                 let mut live = node.live.lock();
@@ -100,13 +127,20 @@ impl Measure {
                     continue;
                 }
                 live.measuring = true;
-                live.measured.extend(todo.iter().cloned());
             }
             started += 1;
             let (fleet, client) = (self.fleet.clone(), self.client.clone());
             tokio::spawn(async move {
                 for model in &todo {
-                    measure(&fleet, &client, idx, model).await;
+                    let tried = measure(&fleet, &client, idx, model).await;
+                    let node = fleet.node(idx);
+                    let mut live = node.live.lock();
+                    let tries = live.measured.entry(model.clone()).or_insert(0);
+                    *tries = match tried {
+                        Tried::Done | Tried::Refused => MAX_TRIES,
+                        Tried::Failed => *tries + 1,
+                        Tried::NotNow => *tries,
+                    };
                 }
                 let node = fleet.node(idx);
                 let mut live = node.live.lock();
@@ -118,8 +152,22 @@ impl Measure {
     }
 }
 
+/// Node `idx` is online as routing sees it (not paused, draining, offline or warming up).
+fn online(fleet: &Fleet, idx: usize) -> bool {
+    fleet
+        .view()
+        .nodes
+        .get(idx)
+        .is_some_and(|n| n.health == Health::Online)
+}
+
 /// The models of node `idx` to measure now (see the module doc).
-fn pending(fleet: &Fleet, idx: usize, models: &[LiveModel], measured: &[String]) -> Vec<String> {
+fn pending(
+    fleet: &Fleet,
+    idx: usize,
+    models: &[LiveModel],
+    measured: &BTreeMap<String, u32>,
+) -> Vec<String> {
     let loaded = models.iter().filter(|m| m.loaded).map(|m| m.name.as_str());
     let resident: Vec<&str> = match fleet.node_config(idx).backend {
         Backend::Ollama | Backend::Sim | Backend::Vllm => loaded.collect(),
@@ -131,7 +179,7 @@ fn pending(fleet: &Fleet, idx: usize, models: &[LiveModel], measured: &[String])
     let node = fleet.node(idx);
     resident
         .into_iter()
-        .filter(|m| !measured.iter().any(|x| x == m))
+        .filter(|m| measured.get(*m).is_none_or(|t| *t < MAX_TRIES))
         .filter(|m| {
             node.peek(m)
                 .is_none_or(|c| c.rates.lock().rates().observed == 0)
@@ -140,21 +188,29 @@ fn pending(fleet: &Fleet, idx: usize, models: &[LiveModel], measured: &[String])
         .collect()
 }
 
-/// The request body for `model`, in the node's native protocol.
-fn body(backend: Backend, model: &str) -> (&'static str, serde_json::Value) {
+/// The request body for `model`, in the node's native protocol. On Ollama the window the
+/// model is loaded with goes along (`num_ctx`): a request without it is served at the default
+/// window, which reloads a model a client loaded larger.
+fn body(backend: Backend, model: &str, window: Option<u32>) -> (&'static str, serde_json::Value) {
     let nonce = format!("[{} {}] ", crate::services::now_ms(), std::process::id());
     let prompt = nonce + &SENTENCE.repeat(SENTENCES);
     let messages = serde_json::json!([{"role": "user", "content": prompt}]);
     match backend {
-        Backend::Ollama | Backend::Sim => (
-            "/api/chat",
-            serde_json::json!({
-                "model": model,
-                "messages": messages,
-                "stream": true,
-                "options": {"num_predict": OUTPUT_TOKENS, "temperature": 0},
-            }),
-        ),
+        Backend::Ollama | Backend::Sim => {
+            let mut options = serde_json::json!({"num_predict": OUTPUT_TOKENS, "temperature": 0});
+            if let Some(w) = window {
+                options["num_ctx"] = w.into();
+            }
+            (
+                "/api/chat",
+                serde_json::json!({
+                    "model": model,
+                    "messages": messages,
+                    "stream": true,
+                    "options": options,
+                }),
+            )
+        }
         Backend::Vllm | Backend::Llamacpp | Backend::Openai => (
             "/v1/chat/completions",
             serde_json::json!({
@@ -169,13 +225,35 @@ fn body(backend: Backend, model: &str) -> (&'static str, serde_json::Value) {
     }
 }
 
-/// Ask node `idx` for one short answer from `model` and feed what it took to the pair's rates.
-async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &str) {
+/// Ask node `idx` for one short answer from `model` and feed what it took to the pair's
+/// rates. Only on an idle node (no client request of this gateway's, none the backend says it
+/// runs or holds) with the model still loaded, and on a seat of the pair's own: routing counts
+/// it taken, and an eviction does not take the model from under it.
+async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &str) -> Tried {
     let cfg = fleet.node_config(idx);
-    let (path, body) = body(cfg.backend, model);
-    let url = format!("http://{}{path}", cfg.addr);
     let node = fleet.node(idx);
-    let in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed);
+    let window = {
+        let live = node.live.lock();
+        let Some(m) = live.models.iter().find(|m| m.name == model && m.loaded) else {
+            return Tried::NotNow;
+        };
+        let busy = live
+            .models
+            .iter()
+            .any(|m| m.running.unwrap_or(0) + m.waiting.unwrap_or(0) > 0);
+        if busy {
+            return Tried::NotNow;
+        }
+        m.context
+    };
+    if !online(fleet, idx) || node.in_flight.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        return Tried::NotNow;
+    }
+    let Some(seat) = crate::queue::try_take(idx, &node, &node.counters(model)) else {
+        return Tried::NotNow;
+    };
+    let (path, body) = body(cfg.backend, model, window);
+    let url = format!("http://{}{path}", cfg.addr);
     let started = Instant::now();
     let answer = async {
         let mut resp = client
@@ -183,13 +261,21 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
             .json(&body)
             .send()
             .await
-            .map_err(|e| format!("POST {url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("POST {url}: status {}", resp.status()));
+            .map_err(|e| (format!("POST {url}: {e}"), false))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err((
+                format!("POST {url}: status {status}"),
+                status.is_client_error(),
+            ));
         }
         let mut observer = StreamObserver::default();
         let mut first_byte = None;
-        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("POST {url}: {e}"))? {
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| (format!("POST {url}: {e}"), false))?
+        {
             first_byte.get_or_insert_with(Instant::now);
             observer.feed(&chunk);
             // A node that ignores the token limit is not left generating for the gateway:
@@ -202,32 +288,28 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
     };
     let (first_byte, observed) = match answer.await {
         Ok(a) => a,
-        Err(e) => {
+        Err((e, refused)) => {
             log::info!("node {}: no first measurement of {model}: {e}", cfg.id);
             count(&cfg.id, model, "failed");
-            return;
+            return if refused {
+                Tried::Refused
+            } else {
+                Tried::Failed
+            };
         }
     };
     let end = Instant::now();
-    let secs = |ns: Option<u64>| ns.filter(|n| *n > 0).map(|n| n as f64 / 1e9);
+    let secs = crate::proxy::observe::secs;
     let load_s = secs(observed.load_duration_ns);
-    if load_s.is_some_and(|l| l > LOAD_LIMIT_S) {
+    if let Some(l) = load_s.filter(|l| *l > LOAD_LIMIT_S) {
         log::info!(
-            "node {}: the first measurement of {model} waited {:.1} s for a load; nothing learned",
-            cfg.id,
-            load_s.unwrap_or(0.0)
+            "node {}: the first measurement of {model} waited {l:.1} s for a load; nothing learned",
+            cfg.id
         );
         count(&cfg.id, model, "load");
-        return;
+        return Tried::Done;
     }
-    let view = fleet.view();
-    let (prior_prefill_tps, prior_spt) = view
-        .nodes
-        .get(idx)
-        .and_then(|n| Some((n, n.model(model)?)))
-        .map_or((0.0, 0.0), |(n, m)| {
-            crate::routing::priors(&fleet.config().routing.policy, n, m)
-        });
+    let (prior_prefill_tps, prior_spt) = fleet.rate_priors(idx, model);
     let prompt_tokens = observed
         .prompt_tokens
         .map_or(0, |p| p.saturating_sub(observed.cached_tokens.unwrap_or(0)));
@@ -246,7 +328,7 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
         load_s,
         load_under_way_s: 0.0,
         idle_load_s: None,
-        concurrency: in_flight.saturating_add(1),
+        concurrency: 1,
         decode_streams: None,
         prior_prefill_tps,
         prior_spt,
@@ -272,7 +354,9 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
             .map_or("unknown".to_string(), |s| format!("{:.1} tokens/s", 1.0 / s)),
     );
     count(&cfg.id, model, "learned");
+    drop(seat);
     fleet.publish();
+    Tried::Done
 }
 
 #[async_trait]

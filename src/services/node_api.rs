@@ -15,7 +15,7 @@ pub fn can_manage(fleet: &Fleet, idx: usize) -> bool {
     )
 }
 
-fn client(timeout: Duration) -> reqwest::Client {
+pub(crate) fn client(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(timeout)
         .build()

@@ -103,8 +103,13 @@ impl Gateway {
     /// Start a gateway from a complete config file, as `fleetgate run --config FILE` does
     /// (the file must set `server.listen`; reloads re-read it).
     pub fn start_file(path: &std::path::Path) -> Gateway {
-        let config =
+        let mut config =
             Config::load(path).unwrap_or_else(|e| panic!("config {}: {e}", path.display()));
+        // As `start` (until a reload re-reads the file).
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if !text.contains("completion_measure") {
+            config.routing.policy.completion_measure = false;
+        }
         let gw = Gateway::run(config);
         gw.fleet.set_config_path(path.to_path_buf());
         gw
