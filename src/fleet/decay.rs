@@ -134,6 +134,16 @@ impl Line {
             if b >= 0.0 && a >= 0.0 {
                 return Some((a, b, true));
             }
+            // `origin`: the best line whose intercept is not negative goes through the origin
+            // (weighted least squares, y = b x): read off points that spread, so a rate, not a
+            // floor. A true intercept near 0 (a backend's own prompt timing) comes out a hair
+            // below it half the time.
+            if origin && b >= 0.0 && self.sxx > 0.0 {
+                let b0 = self.sxy / self.sxx;
+                if b0 > 0.0 {
+                    return Some((0.0, b0, true));
+                }
+            }
         }
         if origin && mx >= MIN_ORIGIN_X {
             Some((0.0, my / mx, false))
@@ -244,5 +254,32 @@ impl Plane {
             return (c > 0.0).then_some((a * at, c * x2));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_line_whose_intercept_comes_out_below_zero_goes_through_the_origin_as_a_rate() {
+        // Two prompts read at ~2,500 tokens/s with no fixed part (a backend's own prompt
+        // timing), the short one 5 ms quicker than the rate says: unconstrained, the line's
+        // intercept is -5 ms.
+        let mut l = Line::default();
+        l.add(300.0, 300.0 / 2_500.0 - 0.005, 1_000);
+        l.add(1_200.0, 1_200.0 / 2_500.0, 1_010);
+        let (a, b, spread) = l.fit(0.2, true).expect("points");
+        assert_eq!(a, 0.0);
+        assert!((1.0 / b - 2_500.0).abs() < 125.0, "rate {}", 1.0 / b);
+        assert!(
+            spread,
+            "read off prompts of two lengths: a rate, not a floor"
+        );
+        // One prompt length: a floor through the origin, as before.
+        let mut one = Line::default();
+        one.add(300.0, 0.02 + 300.0 / 20_000.0, 1_000);
+        let (_, _, spread) = one.fit(0.2, true).expect("a point");
+        assert!(!spread);
     }
 }

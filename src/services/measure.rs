@@ -1,8 +1,9 @@
 //! First measurement (completion mode): a model a node holds in memory that no answer has
 //! measured yet is asked once, as soon as the gateway sees it, for a short answer (a
-//! ~300-token prompt, 16 tokens out, streamed), so routing starts from the node's own decode
-//! rate (and a floor for its prefill: one prompt length gives TTFT over tokens, raised to the
-//! model's typical rate until answers of other lengths come, `completion.rs`). Without it the
+//! ~300-token prompt, 16 tokens out, streamed), and when that prompt was read within half a
+//! second once more with a ~1,200-token one, so routing starts from the node's own decode and
+//! prefill rates (one prompt length only gives a floor for the prefill, its TTFT's fixed part
+//! taken as rate: a slow node's first answer is rate enough). Without it the
 //! first requests of a fresh gateway go to nodes priced as a typical node of the model: at a
 //! home lab's pace that sent the first small-model requests to laptops 4x slower than the idle
 //! workstation (14-16 s each instead of ~2.5 s).
@@ -50,6 +51,10 @@ pub const OUTPUT_TOKENS: u32 = 16;
 const MAX_CHUNKS: u32 = 4 * OUTPUT_TOKENS;
 /// Sentences in the prompt: ~300 tokens, past the 256 from which a prefill rate is fitted.
 const SENTENCES: usize = 24;
+/// The second prompt (~1,200 tokens), asked when the first was read within
+/// `LONG_IF_TTFT_S`: on such a node it costs at most ~4x that.
+const LONG_SENTENCES: usize = 4 * SENTENCES;
+const LONG_IF_TTFT_S: f64 = 0.5;
 const SENTENCE: &str =
     "The gateway measures how quickly this node reads a prompt and writes an answer. ";
 /// Longest wait for the answer (a CPU box prefills ~300 tokens in a few seconds).
@@ -191,9 +196,14 @@ fn pending(
 /// The request body for `model`, in the node's native protocol. On Ollama the window the
 /// model is loaded with goes along (`num_ctx`): a request without it is served at the default
 /// window, which reloads a model a client loaded larger.
-fn body(backend: Backend, model: &str, window: Option<u32>) -> (&'static str, serde_json::Value) {
+fn body(
+    backend: Backend,
+    model: &str,
+    window: Option<u32>,
+    sentences: usize,
+) -> (&'static str, serde_json::Value) {
     let nonce = format!("[{} {}] ", crate::services::now_ms(), std::process::id());
-    let prompt = nonce + &SENTENCE.repeat(SENTENCES);
+    let prompt = nonce + &SENTENCE.repeat(sentences);
     let messages = serde_json::json!([{"role": "user", "content": prompt}]);
     match backend {
         Backend::Ollama | Backend::Sim => {
@@ -230,7 +240,6 @@ fn body(backend: Backend, model: &str, window: Option<u32>) -> (&'static str, se
 /// runs or holds) with the model still loaded, and on a seat of the pair's own: routing counts
 /// it taken, and an eviction does not take the model from under it.
 async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &str) -> Tried {
-    let cfg = fleet.node_config(idx);
     let node = fleet.node(idx);
     let window = {
         let live = node.live.lock();
@@ -252,7 +261,47 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
     let Some(seat) = crate::queue::try_take(idx, &node, &node.counters(model)) else {
         return Tried::NotNow;
     };
-    let (path, body) = body(cfg.backend, model, window);
+    // A second, longer prompt when the first was read fast: one prompt length only gives a
+    // floor for the prefill rate (its TTFT's fixed part taken as rate), two give the line.
+    for (i, sentences) in [SENTENCES, LONG_SENTENCES].into_iter().enumerate() {
+        let ttft = match ask(fleet, client, idx, model, window, sentences).await {
+            Asked::Learned(ttft) => ttft,
+            Asked::Load if i > 0 => break,
+            Asked::Load => return Tried::Done,
+            Asked::Failed if i > 0 => break,
+            Asked::Failed => return Tried::Failed,
+            Asked::Refused if i > 0 => break,
+            Asked::Refused => return Tried::Refused,
+        };
+        if ttft.is_none_or(|t| t > LONG_IF_TTFT_S) {
+            break;
+        }
+    }
+    drop(seat);
+    fleet.publish();
+    Tried::Done
+}
+
+/// How one request of a measurement went.
+enum Asked {
+    /// Learned from it; its time to first token (streamed), seconds.
+    Learned(Option<f64>),
+    Load,
+    Failed,
+    Refused,
+}
+
+/// Send one measuring request (`sentences` long) and feed what it took to the pair's rates.
+async fn ask(
+    fleet: &Fleet,
+    client: &reqwest::Client,
+    idx: usize,
+    model: &str,
+    window: Option<u32>,
+    sentences: usize,
+) -> Asked {
+    let cfg = fleet.node_config(idx);
+    let (path, body) = body(cfg.backend, model, window, sentences);
     let url = format!("http://{}{path}", cfg.addr);
     let started = Instant::now();
     let answer = async {
@@ -292,9 +341,9 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
             log::info!("node {}: no first measurement of {model}: {e}", cfg.id);
             count(&cfg.id, model, "failed");
             return if refused {
-                Tried::Refused
+                Asked::Refused
             } else {
-                Tried::Failed
+                Asked::Failed
             };
         }
     };
@@ -307,7 +356,7 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
             cfg.id
         );
         count(&cfg.id, model, "load");
-        return Tried::Done;
+        return Asked::Load;
     }
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(idx, model);
     let prompt_tokens = observed
@@ -335,13 +384,13 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
         measurement: true,
     };
     let rates = {
-        let counters = node.counters(model);
+        let counters = fleet.node(idx).counters(model);
         let mut r = counters.rates.lock();
         r.observe(&o);
         r.rates()
     };
     log::info!(
-        "node {}: first measurement of {model}: {} prompt tokens, {} out in {:.2} s (prefill {}, decode {})",
+        "node {}: first measurement of {model}: {} prompt tokens, {} out in {:.2} s (prefill {}{}, decode {})",
         cfg.id,
         prompt_tokens,
         o.output_tokens.unwrap_or(0),
@@ -349,14 +398,13 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
         rates
             .prefill_tps
             .map_or("unknown".to_string(), |t| format!("{t:.0} tokens/s")),
+        if rates.prefill_floor { " at least" } else { "" },
         rates
             .decode_spt
             .map_or("unknown".to_string(), |s| format!("{:.1} tokens/s", 1.0 / s)),
     );
     count(&cfg.id, model, "learned");
-    drop(seat);
-    fleet.publish();
-    Tried::Done
+    Asked::Learned(o.ttft_s)
 }
 
 #[async_trait]
