@@ -112,6 +112,11 @@ impl Line {
         (m.var > 0.0 && !unknown).then(|| (var_y - m.cov * m.cov / m.var).max(0.0))
     }
 
+    /// The weighted mean of y (`None` before any point).
+    pub(super) fn mean_y(&self) -> Option<f64> {
+        self.moments().map(|m| m.my)
+    }
+
     /// The least-squares slope (0 without spread along x).
     pub(super) fn slope(&self) -> f64 {
         self.moments()

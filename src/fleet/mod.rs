@@ -36,7 +36,7 @@ pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};
 pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
-pub use rates::{Observation, PairRates, RatesStore};
+pub use rates::{Observation, PairRates, RatesStore, FLOOR_TTFT_S};
 pub use reload::ReloadReport;
 pub use sharing::{SeatBound, SeatSharing};
 pub use state::Control;

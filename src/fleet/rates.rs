@@ -20,6 +20,11 @@ use crate::routing::Rates;
 
 pub const STATE_FILE: &str = "rates.json";
 
+/// Prompts of one length read in this long on average (seconds) give the rate itself: the
+/// fixed part of a TTFT (tens of milliseconds) is a small share of it. Read faster, they give a
+/// floor (`Rates::prefill_floor`).
+pub const FLOOR_TTFT_S: f64 = 0.5;
+
 /// Gaps between responses kept per pair (their median is the pair's typical gap).
 const GAPS: usize = 5;
 
@@ -283,16 +288,20 @@ impl PairRates {
             (Some(q), Some(own)) => q < own && self.prefill_queued.slope() > 0.0,
             _ => false,
         };
-        let prefill = if shared {
-            self.prefill_queued.fit(0.2, true)
+        let line = if shared {
+            &self.prefill_queued
         } else {
-            self.prefill.fit(0.2, true)
+            &self.prefill
         };
+        let prefill = line.fit(0.2, true);
+        // Read off one prompt length: a floor while those prompts were read fast (their fixed
+        // part may be most of it), the rate once they took `FLOOR_TTFT_S` or more.
+        let quick = line.mean_y().is_some_and(|y| y < FLOOR_TTFT_S);
         let decode = self.decode.fit(0.2, false);
         Rates {
             prefill_tps: prefill.and_then(|(_, b, _)| (b > 0.0).then(|| 1.0 / b)),
             prefill_overhead_s: prefill.map_or(0.0, |(a, _, _)| a),
-            prefill_floor: prefill.is_some_and(|(_, b, spread)| b > 0.0 && !spread),
+            prefill_floor: quick && prefill.is_some_and(|(_, b, spread)| b > 0.0 && !spread),
             prefill_shared: decided.then_some(shared),
             decode_spt: decode.map(|(a, _, _)| a).filter(|a| *a > 0.0),
             // Seen only at one concurrency: the cost of further streams is not known yet.
@@ -775,5 +784,27 @@ mod tests {
         assert_eq!(r.output_tokens, Some(200.0));
         assert_eq!(r.first_ms, Some(1_030_000));
         assert_eq!(r.gap_s, Some(2.0), "{r:?}");
+    }
+
+    #[test]
+    fn one_prompt_length_read_slowly_is_the_rate_read_fast_a_floor() {
+        // A CPU box reads 300-token prompts at 150 tokens/s (2 s each, 20 ms of it fixed).
+        let mut slow = PairRates::default();
+        let mut fast = PairRates::default();
+        for i in 0..3u64 {
+            slow.observe(&Observation {
+                ttft_s: Some(0.02 + 300.0 / 150.0),
+                ..response(1_000_000 + i * 5_000, 300, 1, 150.0, 20.0, 0.0)
+            });
+            // A GPU reads them in 35 ms, 20 of them fixed: 300 / 0.035 is no rate.
+            fast.observe(&Observation {
+                ttft_s: Some(0.02 + 300.0 / 20_000.0),
+                ..response(1_000_000 + i * 5_000, 300, 1, 20_000.0, 20.0, 0.0)
+            });
+        }
+        let (s, f) = (slow.rates(), fast.rates());
+        assert!(!s.prefill_floor, "{s:?}");
+        assert!(within(s.prefill_tps.unwrap(), 150.0, 0.02), "{s:?}");
+        assert!(f.prefill_floor, "{f:?}");
     }
 }

@@ -52,9 +52,10 @@ const MAX_CHUNKS: u32 = 4 * OUTPUT_TOKENS;
 /// Sentences in the prompt: ~300 tokens, past the 256 from which a prefill rate is fitted.
 const SENTENCES: usize = 24;
 /// The second prompt (~1,200 tokens), asked when the first was read within
-/// `LONG_IF_TTFT_S`: on such a node it costs at most ~4x that.
+/// `LONG_IF_TTFT_S` (a floor, `fleet::FLOOR_TTFT_S`): on such a node it costs at most
+/// ~4x that. Read slower, the first prompt's TTFT is the rate.
 const LONG_SENTENCES: usize = 4 * SENTENCES;
-const LONG_IF_TTFT_S: f64 = 0.5;
+const LONG_IF_TTFT_S: f64 = crate::fleet::FLOOR_TTFT_S;
 const SENTENCE: &str =
     "The gateway measures how quickly this node reads a prompt and writes an answer. ";
 /// Longest wait for the answer (a CPU box prefills ~300 tokens in a few seconds).
