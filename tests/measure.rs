@@ -298,3 +298,103 @@ fn a_node_known_by_its_url_only_is_not_measured() {
     assert!(gw.fleet.nodes().iter().all(|n| n.live.lock().polled));
     assert_eq!(served(&ws), 0, "nothing asked of a backend: openai node");
 }
+
+/// A bare Ollama-speaking node that lists `m:1b` as loaded and answers a chat with a reply
+/// whose final line says it waited `load_ms` for a load (`/api/ps` was stale).
+async fn loading_node(load_ms: u64) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).to_string();
+                let body = if head.starts_with("GET /api/tags") || head.starts_with("GET /api/ps") {
+                    r#"{"models":[{"name":"m:1b","size":1000000000,"context_length":8192}]}"#
+                        .to_string()
+                } else if head.starts_with("POST /api/chat") {
+                    let mut lines = String::new();
+                    for _ in 0..16 {
+                        lines.push_str("{\"model\":\"m:1b\",\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"done\":false}\n");
+                    }
+                    lines.push_str(&format!(
+                        "{{\"model\":\"m:1b\",\"done\":true,\"load_duration\":{},\"prompt_eval_count\":300,\"prompt_eval_duration\":10000000,\"eval_count\":16,\"eval_duration\":80000000}}\n",
+                        load_ms * 1_000_000
+                    ));
+                    lines
+                } else {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                    return;
+                };
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn an_answer_that_waited_for_a_load_teaches_nothing() {
+    let rt = runtime();
+    let addr = rt.block_on(loading_node(2_500));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        fleet(&[format!(
+            "    - id: stale\n      url: http://{addr}\n      backend: ollama\n      capacity: 2\n      memory_gb: 8\n"
+        )])
+    ));
+    rt.block_on(async {
+        let counted = || async {
+            let text = client()
+                .get(gw.admin_url("/metrics"))
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .unwrap();
+            text.contains(r#"fleetgate_routing_measurements_total{model="m:1b",node="stale",outcome="load"} 1"#)
+        };
+        eventually("the measurement counted as a load", counted).await;
+        let ask = json!({"model": "m:1b", "messages": [{"role": "user", "content": "hi"}]});
+        let report = explain(&gw, "/fleet/explain", &ask).await;
+        let r = row(&report, "stale").expect("a row for the node");
+        assert_eq!(r["observed"].as_u64(), Some(0), "nothing learned: {r:#}");
+    });
+    // Not asked again: a load is an answer, only not one to learn from.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let text = rt.block_on(async {
+        client()
+            .get(gw.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    assert!(
+        text.contains(
+            r#"fleetgate_routing_measurements_total{model="m:1b",node="stale",outcome="load"} 1"#
+        ),
+        "asked once"
+    );
+}
