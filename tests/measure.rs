@@ -96,14 +96,7 @@ fn a_fresh_gateway_measures_each_loaded_model_once_and_sends_the_first_request_t
                 "{name}: a model on disk only is not loaded to be measured"
             );
         }
-        let metrics = client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&gw).await;
         assert!(
             metrics.contains(r#"fleetgate_routing_measurements_total{model="small:3b",node="workstation",outcome="learned"} 2"#),
             "counted: {}",
@@ -142,23 +135,19 @@ fn spec_000_mode_sends_the_nodes_nothing_of_its_own() {
     }
 }
 
-/// A bare Ollama-speaking node that holds `m:1b` and, asked to chat, streams one token every
-/// 5 ms for ever (it ignores `num_predict`); counts the tokens it wrote and whether the
-/// client hung up.
-async fn endless_node(
-    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    hung_up: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::net::SocketAddr {
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A bare HTTP/1.1 node on 127.0.0.1: each connection's request head goes, with the stream, to
+/// `answer`, which writes the reply (`connection: close`).
+async fn bare_node<F, Fut>(answer: F) -> std::net::SocketAddr
+where
+    F: Fn(String, tokio::net::TcpStream) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tokio::io::AsyncReadExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            let (written, hung_up) = (written.clone(), hung_up.clone());
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
@@ -168,40 +157,67 @@ async fn endless_node(
                         Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     }
                 }
-                let head = String::from_utf8_lossy(&buf).to_string();
-                let json = |body: &str| {
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                };
-                let listed =
-                    r#"{"models":[{"name":"m:1b","size":1000000000,"context_length":8192}]}"#;
-                if head.starts_with("GET /api/tags") || head.starts_with("GET /api/ps") {
-                    let _ = s.write_all(json(listed).as_bytes()).await;
-                } else if head.starts_with("POST /api/chat") {
-                    let _ = s
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n")
-                        .await;
-                    let line = "{\"model\":\"m:1b\",\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"done\":false}\n";
-                    let frame = format!("{:x}\r\n{line}\r\n", line.len());
-                    loop {
-                        if s.write_all(frame.as_bytes()).await.is_err() {
-                            hung_up.store(true, Ordering::SeqCst);
-                            return;
-                        }
-                        written.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                    }
-                } else {
-                    let _ = s
-                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                        .await;
-                }
+                answer(String::from_utf8_lossy(&buf).to_string(), s).await;
             });
         }
     });
     addr
+}
+
+/// `m:1b` listed on disk and loaded (`/api/tags`, `/api/ps`): what a poll reads.
+const LISTED: &str = r#"{"models":[{"name":"m:1b","size":1000000000,"context_length":8192}]}"#;
+
+/// Write a whole reply: 200 with `body` (JSON), or 404 with none.
+async fn reply(s: &mut tokio::net::TcpStream, body: Option<&str>) {
+    use tokio::io::AsyncWriteExt;
+    let head = match body {
+        Some(b) => format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}",
+            b.len()
+        ),
+        None => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+    };
+    let _ = s.write_all(head.as_bytes()).await;
+}
+
+fn polled(head: &str) -> bool {
+    head.starts_with("GET /api/tags") || head.starts_with("GET /api/ps")
+}
+
+/// A bare Ollama-speaking node that holds `m:1b` and, asked to chat, streams one token every
+/// 5 ms for ever (it ignores `num_predict`); counts the tokens it wrote and whether the
+/// client hung up.
+async fn endless_node(
+    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    hung_up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncWriteExt;
+    bare_node(move |head: String, mut s: tokio::net::TcpStream| {
+        let (written, hung_up) = (written.clone(), hung_up.clone());
+        async move {
+            if polled(&head) {
+                return reply(&mut s, Some(LISTED)).await;
+            }
+            if !head.starts_with("POST /api/chat") {
+                return reply(&mut s, None).await;
+            }
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+                .await;
+            let line = "{\"model\":\"m:1b\",\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"done\":false}\n";
+            let frame = format!("{:x}\r\n{line}\r\n", line.len());
+            loop {
+                if s.write_all(frame.as_bytes()).await.is_err() {
+                    hung_up.store(true, Ordering::SeqCst);
+                    return;
+                }
+                written.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    })
+    .await
 }
 
 #[test]
@@ -302,53 +318,24 @@ fn a_node_known_by_its_url_only_is_not_measured() {
 /// A bare Ollama-speaking node that lists `m:1b` as loaded and answers a chat with a reply
 /// whose final line says it waited `load_ms` for a load (`/api/ps` was stale).
 async fn loading_node(load_ms: u64) -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).to_string();
-                let body = if head.starts_with("GET /api/tags") || head.starts_with("GET /api/ps") {
-                    r#"{"models":[{"name":"m:1b","size":1000000000,"context_length":8192}]}"#
-                        .to_string()
-                } else if head.starts_with("POST /api/chat") {
-                    let mut lines = String::new();
-                    for _ in 0..16 {
-                        lines.push_str("{\"model\":\"m:1b\",\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"done\":false}\n");
-                    }
-                    lines.push_str(&format!(
-                        "{{\"model\":\"m:1b\",\"done\":true,\"load_duration\":{},\"prompt_eval_count\":300,\"prompt_eval_duration\":10000000,\"eval_count\":16,\"eval_duration\":80000000}}\n",
-                        load_ms * 1_000_000
-                    ));
-                    lines
-                } else {
-                    let _ = s
-                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                        .await;
-                    return;
-                };
-                let _ = s
-                    .write_all(
-                        format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        )
-                        .as_bytes(),
-                    )
-                    .await;
-            });
+    bare_node(move |head: String, mut s: tokio::net::TcpStream| async move {
+        if polled(&head) {
+            return reply(&mut s, Some(LISTED)).await;
         }
-    });
-    addr
+        if !head.starts_with("POST /api/chat") {
+            return reply(&mut s, None).await;
+        }
+        let mut lines = String::new();
+        for _ in 0..16 {
+            lines.push_str("{\"model\":\"m:1b\",\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"done\":false}\n");
+        }
+        lines.push_str(&format!(
+            "{{\"model\":\"m:1b\",\"done\":true,\"load_duration\":{},\"prompt_eval_count\":300,\"prompt_eval_duration\":10000000,\"eval_count\":16,\"eval_duration\":80000000}}\n",
+            load_ms * 1_000_000
+        ));
+        reply(&mut s, Some(&lines)).await
+    })
+    .await
 }
 
 #[test]
@@ -363,15 +350,7 @@ fn an_answer_that_waited_for_a_load_teaches_nothing() {
     ));
     rt.block_on(async {
         let counted = || async {
-            let text = client()
-                .get(gw.admin_url("/metrics"))
-                .send()
-                .await
-                .expect("metrics")
-                .text()
-                .await
-                .unwrap();
-            text.contains(r#"fleetgate_routing_measurements_total{model="m:1b",node="stale",outcome="load"} 1"#)
+            metrics(&gw).await.contains(r#"fleetgate_routing_measurements_total{model="m:1b",node="stale",outcome="load"} 1"#)
         };
         eventually("the measurement counted as a load", counted).await;
         let ask = json!({"model": "m:1b", "messages": [{"role": "user", "content": "hi"}]});
@@ -381,16 +360,7 @@ fn an_answer_that_waited_for_a_load_teaches_nothing() {
     });
     // Not asked again: a load is an answer, only not one to learn from.
     std::thread::sleep(std::time::Duration::from_millis(800));
-    let text = rt.block_on(async {
-        client()
-            .get(gw.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    });
+    let text = rt.block_on(metrics(&gw));
     assert!(
         text.contains(
             r#"fleetgate_routing_measurements_total{model="m:1b",node="stale",outcome="load"} 1"#
