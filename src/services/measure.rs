@@ -1,7 +1,7 @@
 //! First measurement (completion mode): a model a node holds in memory that no answer has
 //! measured yet is asked once, as soon as the gateway sees it, for a short answer (a
-//! ~300-token prompt, 16 tokens out, streamed), and when that prompt was read within half a
-//! second once more with a ~1,200-token one, so routing starts from the node's own decode and
+//! ~400-token prompt, 16 tokens out, streamed), and when that prompt was read within half a
+//! second once more with a ~1,600-token one, so routing starts from the node's own decode and
 //! prefill rates (one prompt length only gives a floor for the prefill, its TTFT's fixed part
 //! taken as rate: a slow node's first answer is rate enough). Without it the
 //! first requests of a fresh gateway go to nodes priced as a typical node of the model: at a
@@ -49,16 +49,16 @@ use crate::routing::{Health, Mode};
 pub const OUTPUT_TOKENS: u32 = 16;
 /// Chunks read at most (a node that ignores the limit is hung up on past them).
 const MAX_CHUNKS: u32 = 4 * OUTPUT_TOKENS;
-/// Sentences in the prompt: ~300 tokens, past the 256 from which a prefill rate is fitted.
+/// Sentences in the prompt: ~400 tokens (~16 a sentence; the sim counts 490), past the 256 from which a prefill rate is fitted.
 const SENTENCES: usize = 24;
-/// The second prompt (~1,200 tokens), asked when the first was read within
+/// The second prompt (~1,600 tokens), asked when the first was read within
 /// `LONG_IF_TTFT_S` (a floor, `fleet::FLOOR_TTFT_S`): on such a node it costs at most
 /// ~4x that. Read slower, the first prompt's TTFT is the rate.
 const LONG_SENTENCES: usize = 4 * SENTENCES;
 const LONG_IF_TTFT_S: f64 = crate::fleet::FLOOR_TTFT_S;
 const SENTENCE: &str =
     "The gateway measures how quickly this node reads a prompt and writes an answer. ";
-/// Longest wait for the answer (a CPU box prefills ~300 tokens in a few seconds).
+/// Longest wait for the answer (a CPU box prefills ~400 tokens in a few seconds).
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// A reply that waited this long for a load measured the load, not the model.
 const LOAD_LIMIT_S: f64 = 1.0;
