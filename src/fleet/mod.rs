@@ -347,7 +347,6 @@ impl Fleet {
         self.publish();
     }
 
-    /// The current routing snapshot.
     /// Routing's priors for node `idx`'s `model` (prompt tokens/s, seconds per output token;
     /// 0: none): what splits the time of an answer that was neither streamed nor timed.
     pub fn rate_priors(&self, idx: usize, model: &str) -> (f64, f64) {
@@ -360,6 +359,7 @@ impl Fleet {
             })
     }
 
+    /// The current routing snapshot.
     pub fn view(&self) -> Arc<FleetView> {
         if now_ms() >= self.next_due_ms.load(Ordering::Relaxed) {
             self.publish();

@@ -264,35 +264,22 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
     };
     // A second, longer prompt when the first was read fast: one prompt length only gives a
     // floor for the prefill rate (its TTFT's fixed part taken as rate), two give the line.
-    for (i, sentences) in [SENTENCES, LONG_SENTENCES].into_iter().enumerate() {
-        let ttft = match ask(fleet, client, idx, model, window, sentences).await {
-            Asked::Learned(ttft) => ttft,
-            Asked::Load if i > 0 => break,
-            Asked::Load => return Tried::Done,
-            Asked::Failed if i > 0 => break,
-            Asked::Failed => return Tried::Failed,
-            Asked::Refused if i > 0 => break,
-            Asked::Refused => return Tried::Refused,
-        };
-        if ttft.is_none_or(|t| t > LONG_IF_TTFT_S) {
-            break;
-        }
+    let ttft = match ask(fleet, client, idx, model, window, SENTENCES).await {
+        Ok(ttft) => ttft,
+        Err(tried) => return tried,
+    };
+    if ttft.is_some_and(|t| t <= LONG_IF_TTFT_S) {
+        // Whatever the second answer says, the first one taught the rates.
+        let _ = ask(fleet, client, idx, model, window, LONG_SENTENCES).await;
     }
     drop(seat);
     fleet.publish();
     Tried::Done
 }
 
-/// How one request of a measurement went.
-enum Asked {
-    /// Learned from it; its time to first token (streamed), seconds.
-    Learned(Option<f64>),
-    Load,
-    Failed,
-    Refused,
-}
-
-/// Send one measuring request (`sentences` long) and feed what it took to the pair's rates.
+/// Send one measuring request (`sentences` long) and feed what it took to the pair's rates:
+/// its time to first token (streamed), seconds; else how the try ends (`Done`: it waited for
+/// a load, nothing learned).
 async fn ask(
     fleet: &Fleet,
     client: &reqwest::Client,
@@ -300,7 +287,7 @@ async fn ask(
     model: &str,
     window: Option<u32>,
     sentences: usize,
-) -> Asked {
+) -> Result<Option<f64>, Tried> {
     let cfg = fleet.node_config(idx);
     let (path, body) = body(cfg.backend, model, window, sentences);
     let url = format!("http://{}{path}", cfg.addr);
@@ -341,11 +328,11 @@ async fn ask(
         Err((e, refused)) => {
             log::info!("node {}: no first measurement of {model}: {e}", cfg.id);
             count(&cfg.id, model, "failed");
-            return if refused {
-                Asked::Refused
+            return Err(if refused {
+                Tried::Refused
             } else {
-                Asked::Failed
-            };
+                Tried::Failed
+            });
         }
     };
     let end = Instant::now();
@@ -357,7 +344,7 @@ async fn ask(
             cfg.id
         );
         count(&cfg.id, model, "load");
-        return Asked::Load;
+        return Err(Tried::Done);
     }
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(idx, model);
     let prompt_tokens = observed
@@ -405,7 +392,7 @@ async fn ask(
             .map_or("unknown".to_string(), |s| format!("{:.1} tokens/s", 1.0 / s)),
     );
     count(&cfg.id, model, "learned");
-    Asked::Learned(o.ttft_s)
+    Ok(o.ttft_s)
 }
 
 #[async_trait]
