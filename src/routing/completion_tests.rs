@@ -703,6 +703,36 @@ fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
     ));
 }
 
+/// A model not yet loaded will hold more than its weights, as much more as the node's loaded
+/// models do (Ollama's `/api/ps` sizes: weights plus context and cache). On a 24 GB box with a
+/// busy 5 GB model resident at 5.5 GB, a 17 GB model's weights fit (22.5 GB) but the 18.7 GB
+/// it will hold do not: completion mode does not send it there to evict the busy model. Spec
+/// mode keeps spec 000's fit by weights.
+#[test]
+fn a_cold_model_is_fitted_at_the_size_the_nodes_loaded_models_grow_to() {
+    let mut busy_model = loaded("qwen", 5.0);
+    busy_model.resident_gb = Some(5.5);
+    let mut gpu = node("gpu", vec![busy_model, model("gemma", 17.0)]);
+    gpu.memory_gb = 24.0;
+    gpu.free_memory_gb = None;
+    let f = fleet(vec![gpu]);
+    let r = req(&["gemma"], 100);
+    let busy = TableLoads::default().with(0, "qwen", queue(1, 0));
+    let d = at(&r, &f, &busy);
+    assert!(d.winner().is_none(), "{:?}", d.table[0].verdict);
+    assert!(matches!(
+        d.table[0].verdict,
+        Verdict::Eliminated {
+            reason: Reason::MemoryFit
+        }
+    ));
+    let spec = decide(&r, &f, &Policy::default(), &busy, 1_000_000);
+    assert!(spec.winner().is_some(), "spec 000 fits by weights");
+    // Idle, the resident model is evicted for it.
+    let d = at(&r, &f, &TableLoads::default());
+    assert!(d.winner().is_some_and(|w| w.cold));
+}
+
 /// Two equal nodes with a free seat each; node 0 has 20,000 prompt tokens sent and not yet
 /// answered. Learned to prefill one prompt at a time, node 0 does those first: the request
 /// goes to node 1. Learned to prefill each seat on its own, the queue costs nothing there.

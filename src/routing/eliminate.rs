@@ -5,7 +5,7 @@
 //! `decide` after the first pass.
 
 use super::policy::Policy;
-use super::types::{Health, ModelView, NodeView, Pressure, Reason, RouteRequest, Tier};
+use super::types::{Health, Mode, ModelView, NodeView, Pressure, Reason, RouteRequest, Tier};
 
 /// Why `node` cannot serve `req` whatever the model, checked in the order of the explain
 /// table: hints first (pin, tried), then health, then hardware, then capacity.
@@ -164,7 +164,19 @@ pub(super) fn model_reason(
     if !window_fits(model, needed) {
         return Err(Reason::Context);
     }
-    let ratio = fit_ratio(model, available_gb);
+    let ratio = match policy.mode {
+        // Completion mode: an unloaded model will hold more than its weights, as much more as
+        // the node's loaded models do (context and cache on top; Ollama's `/api/ps` size).
+        Mode::Completion if !model.loaded && model.resident_gb.is_none() => {
+            let gb = model.size_gb * super::evict::growth(node);
+            if gb > 0.0 {
+                available_gb / gb
+            } else {
+                f64::INFINITY
+            }
+        }
+        _ => fit_ratio(model, available_gb),
+    };
     if below(ratio, 1.0) {
         return Err(Reason::MemoryFit);
     }

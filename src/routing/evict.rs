@@ -133,7 +133,7 @@ fn room<'a>(
 
 /// How much more than their weights the node's loaded models hold (context and cache come on
 /// top): resident over weights summed over those with both known, else 1.
-fn growth(node: &NodeView) -> f64 {
+pub(super) fn growth(node: &NodeView) -> f64 {
     let (resident, weights) = node
         .models
         .iter()
