@@ -1,7 +1,7 @@
 //! Watches a response body go by (synchronously, never buffering the stream): counts stream
 //! chunks (SSE `data:` lines, NDJSON lines) and keeps a small head and tail to read `usage`
-//! from (OpenAI `usage`, Ollama `eval_count`/`prompt_eval_count`/`eval_duration`, Anthropic
-//! `message_start`/`message_delta` usage).
+//! from (OpenAI `usage`, Ollama `eval_count`/`prompt_eval_count`/`eval_duration`, llama.cpp
+//! `timings`, Anthropic `message_start`/`message_delta` usage).
 
 use std::collections::VecDeque;
 
@@ -16,9 +16,9 @@ pub struct Observed {
     pub chunks: u32,
     pub prompt_tokens: Option<u32>,
     pub completion_tokens: Option<u32>,
-    /// Ollama's own generation time.
+    /// The node's own generation time (Ollama `eval_duration`, llama.cpp `predicted_ms`).
     pub eval_duration_ns: Option<u64>,
-    /// Ollama's prompt evaluation and model load times.
+    /// Ollama's prompt evaluation (llama.cpp `prompt_ms`) and model load times.
     pub prompt_eval_duration_ns: Option<u64>,
     pub load_duration_ns: Option<u64>,
     /// Prompt tokens the node took from its prefix cache (OpenAI `cached_tokens`).
@@ -132,8 +132,8 @@ impl StreamObserver {
                 Key::EvalCount,
                 Key::OutputTokens,
             ])),
-            eval_duration_ns: find(&[Key::EvalDuration]),
-            prompt_eval_duration_ns: find(&[Key::PromptEvalDuration]),
+            eval_duration_ns: find(&[Key::EvalDuration, Key::PredictedMs]),
+            prompt_eval_duration_ns: find(&[Key::PromptEvalDuration, Key::PromptMs]),
             load_duration_ns: find(&[Key::LoadDuration]),
             cached_tokens: u32_of(find(&[Key::CachedTokens])),
         };
@@ -166,10 +166,13 @@ enum Key {
     PromptEvalDuration,
     LoadDuration,
     CachedTokens,
+    /// llama.cpp `timings`: milliseconds with a fraction, read as nanoseconds.
+    PromptMs,
+    PredictedMs,
 }
 
 /// The JSON names of [`Key`], in its order.
-const KEYS: [&[u8]; 10] = [
+const KEYS: [&[u8]; 12] = [
     b"prompt_tokens",
     b"prompt_eval_count",
     b"input_tokens",
@@ -180,17 +183,28 @@ const KEYS: [&[u8]; 10] = [
     b"prompt_eval_duration",
     b"load_duration",
     b"cached_tokens",
+    b"prompt_ms",
+    b"predicted_ms",
 ];
+
+/// Keys whose value is milliseconds with a fraction (llama.cpp's `timings`), kept as ns.
+const MS_FROM: usize = Key::PromptMs as usize;
 
 /// For each of [`KEYS`], the number after its last `"key":` in `buf` (JSON, optional spaces;
 /// an occurrence not followed by a number does not count). One pass over the quotes.
-fn last_numbers(buf: &[u8]) -> [Option<u64>; 10] {
-    let mut out = [None; 10];
+fn last_numbers(buf: &[u8]) -> [Option<u64>; KEYS.len()] {
+    let mut out = [None; KEYS.len()];
     for q in memchr::memchr_iter(b'"', buf) {
         let rest = &buf[q + 1..];
         for (k, key) in KEYS.iter().enumerate() {
             if rest.len() > key.len() && rest.starts_with(key) && rest[key.len()] == b'"' {
-                if let Some(n) = number_after(&rest[key.len() + 1..]) {
+                let after = &rest[key.len() + 1..];
+                let n = if k >= MS_FROM {
+                    ms_as_ns(after)
+                } else {
+                    number_after(after)
+                };
+                if let Some(n) = n {
                     out[k] = Some(n);
                 }
                 break;
@@ -202,22 +216,52 @@ fn last_numbers(buf: &[u8]) -> [Option<u64>; 10] {
 
 /// The number in ` : 123` (spaces optional), without allocating.
 fn number_after(rest: &[u8]) -> Option<u64> {
+    digits(value_at(rest)?).0
+}
+
+/// What follows ` : ` (spaces optional) in `rest`.
+fn value_at(rest: &[u8]) -> Option<&[u8]> {
     let mut i = rest.iter().take_while(|b| **b == b' ').count();
     if rest.get(i) != Some(&b':') {
         return None;
     }
     i += 1;
     i += rest[i..].iter().take_while(|b| **b == b' ').count();
-    let digits = rest[i..].iter().take_while(|b| b.is_ascii_digit());
+    Some(&rest[i..])
+}
+
+/// The leading decimal digits of `s` as a number (`None`: none, or past u64) and how many.
+fn digits(s: &[u8]) -> (Option<u64>, usize) {
     let mut n: Option<u64> = None;
-    for d in digits {
-        n = Some(
-            n.unwrap_or(0)
-                .checked_mul(10)?
-                .checked_add(u64::from(d - b'0'))?,
-        );
+    let mut len = 0;
+    for d in s.iter().take_while(|b| b.is_ascii_digit()) {
+        len += 1;
+        n = n
+            .unwrap_or(0)
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')));
+        if n.is_none() {
+            return (None, len);
+        }
     }
-    n
+    (n, len)
+}
+
+/// The milliseconds in ` : 378.503` as nanoseconds (to the ns; further digits dropped).
+fn ms_as_ns(rest: &[u8]) -> Option<u64> {
+    let v = value_at(rest)?;
+    let (whole, len) = digits(v);
+    let mut ns = whole?.checked_mul(1_000_000)?;
+    if v.get(len) == Some(&b'.') {
+        let frac = &v[len + 1..];
+        let kept = frac.iter().take_while(|b| b.is_ascii_digit()).take(6);
+        let mut scale = 100_000;
+        for d in kept {
+            ns = ns.checked_add(u64::from(d - b'0') * scale)?;
+            scale /= 10;
+        }
+    }
+    Some(ns)
 }
 
 #[cfg(test)]
@@ -284,6 +328,28 @@ mod tests {
         assert_eq!(one.output_tokens(), Some(9));
         let plain = observe(&["{\"choices\":[]}"]);
         assert_eq!(plain.output_tokens(), None, "one object is not a stream");
+    }
+
+    /// A real llama.cpp server's last stream chunk (llama-server via xllamacpp): its
+    /// `timings` give the prompt and generation times, milliseconds with a fraction.
+    #[test]
+    fn llamacpp_timings_give_the_nodes_own_prompt_and_generation_times() {
+        let o = observe(&[
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"completion_tokens\":4,\"prompt_tokens\":37,\"total_tokens\":41,\"prompt_tokens_details\":{\"cached_tokens\":36}},\"timings\":{\"cache_n\":36,\"prompt_n\":1,\"prompt_ms\":19.187,\"prompt_per_token_ms\":19.187,\"prompt_per_second\":52.1186,\"predicted_n\":4,\"predicted_ms\":53.12,\"predicted_per_token_ms\":17.7066,\"predicted_per_second\":56.4759}}\n\n",
+            "data: [DONE]\n\n",
+        ]);
+        assert_eq!(o.prompt_tokens, Some(37));
+        assert_eq!(o.cached_tokens, Some(36));
+        assert_eq!(o.prompt_eval_duration_ns, Some(19_187_000));
+        assert_eq!(o.eval_duration_ns, Some(53_120_000));
+        let whole = observe(&[
+            r#"{"usage":{"completion_tokens":8},"timings":{"prompt_ms":378,"predicted_ms":0.0000009}}"#,
+        ]);
+        assert_eq!(whole.prompt_eval_duration_ns, Some(378_000_000));
+        assert_eq!(whole.eval_duration_ns, Some(0), "past the ns: dropped");
+        assert_eq!(last_numbers(br#""prompt_ms":-1.5"#)[MS_FROM], None);
     }
 
     #[test]
