@@ -113,6 +113,8 @@ pub struct Outcome {
     pub load_ms: f64,
     pub cached: u32,
     pub error: String,
+    /// `X-Fleet-Score`: spec mode's points, completion mode's minus predicted seconds.
+    pub score: Option<f64>,
 }
 
 pub struct RunData {
@@ -199,6 +201,7 @@ async fn send(
         load_ms: 0.0,
         cached: 0,
         error: String::new(),
+        score: None,
     };
     let mut reply = String::new();
     let mut tried = Vec::new();
@@ -242,6 +245,11 @@ async fn attempt(
             {
                 o.node = n.to_string();
             }
+            // Completion mode: minus the predicted seconds.
+            o.score = r
+                .headers()
+                .get("x-fleet-score")
+                .and_then(|v| v.to_str().ok()?.parse().ok());
             if o.status != 200 {
                 let b = r.text().await.unwrap_or_default();
                 o.context_errors += u32::from(b.contains("context"));

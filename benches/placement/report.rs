@@ -185,7 +185,7 @@ pub fn trace_lines(policy: &str, d: &RunData) -> Vec<String> {
     v.iter()
         .map(|o| {
             format!(
-                "    {policy:<11} {:>7.3}s {:<8} {:<12} {:<14} prompt {:>6} cached {:>6} load {:>6.0}ms ttft {:>7.3}s total {:>7.3}s {}{}",
+                "    {policy:<11} {:>7.3}s {:<8} {:<12} {:<14} prompt {:>6} cached {:>6} load {:>6.0}ms ttft {:>7.3}s total {:>7.3}s {} score {:>7.3}{}",
                 o.at.as_secs_f64(),
                 o.tag,
                 o.model,
@@ -196,6 +196,7 @@ pub fn trace_lines(policy: &str, d: &RunData) -> Vec<String> {
                 o.ttft.map_or(f64::NAN, |t| t.as_secs_f64()),
                 o.total.as_secs_f64(),
                 o.status,
+                o.score.unwrap_or(f64::NAN),
                 if o.error.is_empty() { String::new() } else { format!(" {}", o.error) }
             )
         })
