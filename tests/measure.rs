@@ -301,9 +301,8 @@ fn a_pair_measured_before_a_restart_is_not_asked_again() {
 }
 
 #[test]
-fn a_node_known_by_its_url_only_is_not_measured() {
-    // `backend: openai` hides its loads: a wake or an on-demand load would be taken for the
-    // model's prefill.
+fn a_node_known_by_its_url_only_that_lists_several_models_is_not_measured() {
+    // `backend: openai` hides its loads: asking for each listed model could load each in turn.
     let rt = runtime();
     let ws = sim(&rt, WORKSTATION);
     let gw = Gateway::start(&format!(
@@ -313,6 +312,37 @@ fn a_node_known_by_its_url_only_is_not_measured() {
     std::thread::sleep(std::time::Duration::from_millis(1000));
     assert!(gw.fleet.nodes().iter().all(|n| n.live.lock().polled));
     assert_eq!(served(&ws), 0, "nothing asked of a backend: openai node");
+}
+
+/// A server known by its URL only that lists one model, asleep: its first answer waits
+/// 1.5 s for the model to load, and nothing says so. The gateway wakes it with a first ask it
+/// does not learn from, then measures: the rates are the node's, not the wake's.
+#[test]
+fn a_single_model_node_known_by_its_url_only_is_woken_then_measured() {
+    let rt = runtime();
+    let asleep = LAPTOP.replace("loaded: true}", "cold_load_ms: 1500}");
+    let node = sim(&rt, &asleep);
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        fleet(&[node_by_url("by-url", &node)])
+    ));
+    rt.block_on(async {
+        let report = || async { explain(&gw, "/fleet/explain", &ask("which node?")).await };
+        eventually("the pair measured", || async {
+            row(&report().await, "by-url").is_some_and(|x| x["observed"].as_u64() == Some(2))
+        })
+        .await;
+        let r = report().await;
+        let rate = |what: &str| row(&r, "by-url").unwrap()[what].as_f64().unwrap();
+        // The sim decodes at 50 tokens/s and prefills at 2,500; the wake's 1.5 s taken for a
+        // ~490-token prefill would have said ~330.
+        let (decode, prefill) = (rate("decode_tps"), rate("prefill_tps"));
+        assert!(
+            (35.0..=65.0).contains(&decode) && (1_800.0..=3_200.0).contains(&prefill),
+            "measured decode {decode}, prefill {prefill}: {r:#}"
+        );
+    });
+    assert_eq!(served(&node), 3, "the wake, then two prompt lengths");
 }
 
 /// A bare Ollama-speaking node that lists `m:1b` as loaded and answers a chat with a reply

@@ -50,8 +50,9 @@ pub struct NodeLive {
     pub measured: std::collections::BTreeMap<String, u32>,
     /// A first-measurement pass over the node is under way.
     pub measuring: bool,
-    /// A first-measurement pass over the node has ended at least once (nothing to measure
-    /// counts): what a bench waits for before its trace.
+    /// A first-measurement pass over the node, online, has ended at least once with every
+    /// model it had to measure tried (nothing to measure counts): what a bench waits for
+    /// before its trace.
     pub measure_passed: bool,
 }
 

@@ -11,10 +11,12 @@
 //! What is asked: on Ollama, the models `/api/ps` lists (with the window it reports as
 //! `num_ctx`: a request at another window reloads the model); on vLLM, every model it serves;
 //! on llama.cpp, its model when it lists one and is awake (a router that lists several loads
-//! them on demand: asking would load each). Not on `backend: openai`: such a node hides its
-//! loads (LM Studio loads on demand, a sleeping server wakes), so the answer's time could be a
-//! load nobody reports, taken for the model's prefill. The prompt starts with a nonce, so no
-//! prefix cache answers it from an earlier run.
+//! them on demand: asking would load each). On `backend: openai` (SGLang, LM Studio, any
+//! OpenAI-compatible server), only a node that lists one model, and after a first ask whose
+//! answer is not learned from: such a node hides its loads (a sleeping server wakes, LM Studio
+//! loads on demand), so a first answer's time could be a load nobody reports, taken for the
+//! model's prefill. One that lists several is not asked (that could load each in turn). The
+//! prompt starts with a nonce, so no prefix cache answers it from an earlier run.
 //!
 //! When: one model at a time per node, nodes in parallel, every `health.poll_interval`; only
 //! while the node is idle (no request of this gateway's on it, none its backend says it runs
@@ -119,10 +121,11 @@ impl Measure {
                 }
                 (live.models.clone(), live.measured.clone())
             };
-            let todo = match online(&self.fleet, idx) {
-                true => pending(&self.fleet, idx, &models, &measured),
-                false => Vec::new(),
-            };
+            // Not online (yet): nothing asked, and no pass made.
+            if !online(&self.fleet, idx) {
+                continue;
+            }
+            let todo = pending(&self.fleet, idx, &models, &measured);
             {
                 let mut live = node.live.lock();
                 if live.measuring {
@@ -137,8 +140,10 @@ impl Measure {
             started += 1;
             let (fleet, client) = (self.fleet.clone(), self.client.clone());
             tokio::spawn(async move {
+                let mut passed = true;
                 for model in &todo {
                     let tried = measure(&fleet, &client, idx, model).await;
+                    passed &= !matches!(tried, Tried::NotNow);
                     let node = fleet.node(idx);
                     let mut live = node.live.lock();
                     let tries = live.measured.entry(model.clone()).or_insert(0);
@@ -151,7 +156,7 @@ impl Measure {
                 let node = fleet.node(idx);
                 let mut live = node.live.lock();
                 live.measuring = false;
-                live.measure_passed = true;
+                live.measure_passed |= passed;
             });
         }
         started
@@ -177,9 +182,9 @@ fn pending(
     let loaded = models.iter().filter(|m| m.loaded).map(|m| m.name.as_str());
     let resident: Vec<&str> = match fleet.node_config(idx).backend {
         Backend::Ollama | Backend::Sim | Backend::Vllm => loaded.collect(),
-        Backend::Llamacpp if models.len() == 1 => loaded.collect(),
-        // Several models may be loaded on demand; `backend: openai` hides its loads (a
-        // sleeping server's wake would be taken for its prefill).
+        // One model, after a first ask that wakes it (`measure`); several may be loaded on
+        // demand, and asking would load each in turn.
+        Backend::Llamacpp | Backend::Openai if models.len() == 1 => loaded.collect(),
         Backend::Llamacpp | Backend::Openai => Vec::new(),
     };
     let node = fleet.node(idx);
@@ -262,24 +267,30 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
     let Some(seat) = crate::queue::try_take(idx, &node, &node.counters(model)) else {
         return Tried::NotNow;
     };
+    // A node that hides its loads is woken first: what that answer took may be a load.
+    if matches!(fleet.node_config(idx).backend, Backend::Openai) {
+        if let Err(tried) = ask(fleet, client, idx, model, window, SENTENCES, false).await {
+            return tried;
+        }
+    }
     // A second, longer prompt when the first was read fast: one prompt length only gives a
     // floor for the prefill rate (its TTFT's fixed part taken as rate), two give the line.
-    let ttft = match ask(fleet, client, idx, model, window, SENTENCES).await {
+    let ttft = match ask(fleet, client, idx, model, window, SENTENCES, true).await {
         Ok(ttft) => ttft,
         Err(tried) => return tried,
     };
     if ttft.is_some_and(|t| t <= LONG_IF_TTFT_S) {
         // Whatever the second answer says, the first one taught the rates.
-        let _ = ask(fleet, client, idx, model, window, LONG_SENTENCES).await;
+        let _ = ask(fleet, client, idx, model, window, LONG_SENTENCES, true).await;
     }
     drop(seat);
     fleet.publish();
     Tried::Done
 }
 
-/// Send one measuring request (`sentences` long) and feed what it took to the pair's rates:
-/// its time to first token (streamed), seconds; else how the try ends (`Done`: it waited for
-/// a load, nothing learned).
+/// Send one measuring request (`sentences` long) and, when `learn`, feed what it took to the
+/// pair's rates: its time to first token (streamed), seconds; else how the try ends (`Done`:
+/// it waited for a load, nothing learned).
 async fn ask(
     fleet: &Fleet,
     client: &reqwest::Client,
@@ -287,6 +298,7 @@ async fn ask(
     model: &str,
     window: Option<u32>,
     sentences: usize,
+    learn: bool,
 ) -> Result<Option<f64>, Tried> {
     let cfg = fleet.node_config(idx);
     let (path, body) = body(cfg.backend, model, window, sentences);
@@ -336,6 +348,14 @@ async fn ask(
         }
     };
     let end = Instant::now();
+    if !learn {
+        log::debug!(
+            "node {}: woke {model} in {:.2} s before measuring it",
+            cfg.id,
+            end.duration_since(started).as_secs_f64()
+        );
+        return Ok(None);
+    }
     let secs = crate::proxy::observe::secs;
     let load_s = secs(observed.load_duration_ns);
     if let Some(l) = load_s.filter(|l| *l > LOAD_LIMIT_S) {
