@@ -21,9 +21,17 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct PrefixMemory {
     map: Mutex<HashMap<u64, Entry>>,
-    /// Requests seen that start a conversation / continue one (halved together past
-    /// [`TURNS_WINDOW`], so the share follows the workload).
-    turns: Mutex<(f64, f64)>,
+    /// Requests seen that start a conversation / continue one / continue one this gateway did
+    /// not remember placing (halved together past [`TURNS_WINDOW`], so the shares follow the
+    /// workload).
+    turns: Mutex<Turns>,
+}
+
+#[derive(Debug, Default)]
+struct Turns {
+    first: f64,
+    later: f64,
+    unrecalled: f64,
 }
 
 /// First turns counted before both counts are halved.
@@ -31,26 +39,39 @@ const TURNS_WINDOW: f64 = 1024.0;
 
 impl PrefixMemory {
     /// Count a request with a stable prefix: a first turn, or one that continues (see
-    /// `protocol::prefix::Prefix::continues`).
-    pub fn note_turn(&self, continues: bool) {
+    /// `protocol::prefix::Prefix::continues`), and then whether this gateway remembered where
+    /// its conversation was (`recalled`).
+    pub fn note_turn(&self, continues: bool, recalled: bool) {
         let mut t = self.turns.lock();
         if continues {
-            t.1 += 1.0;
+            t.later += 1.0;
+            if !recalled {
+                t.unrecalled += 1.0;
+            }
         } else {
-            t.0 += 1.0;
+            t.first += 1.0;
         }
-        if t.0 > TURNS_WINDOW {
-            t.0 /= 2.0;
-            t.1 /= 2.0;
+        if t.first > TURNS_WINDOW || t.later > TURNS_WINDOW {
+            t.first /= 2.0;
+            t.later /= 2.0;
+            t.unrecalled /= 2.0;
         }
     }
 
-    /// How likely a first turn is to come back for more: later turns per first turn, at most
-    /// 1, with one of each counted to start (1 before any traffic). Single-request traffic
-    /// (batch jobs, one-shot prompts) drives it towards 0, chat traffic keeps it at 1.
-    pub fn return_share(&self) -> f64 {
+    /// How much of a first turn's stable prefix to count as cached on its rendezvous node:
+    /// what a first turn placed there is worth to its later turns that reach the node through
+    /// another gateway (a replica, or this one after a restart), which credit the rendezvous
+    /// node. Later turns per first turn (how likely a conversation comes back; one-shot
+    /// traffic drives it towards 0), times the share of later turns this gateway did not
+    /// remember placing (turns placed elsewhere; towards 0 when one gateway serves every
+    /// turn, which finds its conversations by memory and gains nothing from the credit). To
+    /// start, one first turn and one later turn counted, and of two later turns one placed
+    /// elsewhere: 0.5 before any traffic.
+    pub fn first_turn_share(&self) -> f64 {
         let t = self.turns.lock();
-        ((t.1 + 1.0) / (t.0 + 1.0)).min(1.0)
+        let returns = ((t.later + 1.0) / (t.first + 1.0)).min(1.0);
+        let elsewhere = (t.unrecalled + 1.0) / (t.later + 2.0);
+        returns * elsewhere
     }
 
     /// Node `node` just served `key` and holds `tokens` of its conversation.
@@ -88,26 +109,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_return_share_follows_the_workload() {
+    fn the_first_turn_share_follows_the_workload() {
         let m = PrefixMemory::default();
-        assert_eq!(m.return_share(), 1.0, "no traffic yet");
+        assert_eq!(m.first_turn_share(), 0.5, "no traffic yet");
         for _ in 0..99 {
-            m.note_turn(false);
+            m.note_turn(false, false);
         }
-        assert!((m.return_share() - 0.01).abs() < 1e-9, "one-shot traffic");
-        // Chats of six turns: five later turns per first one, the share capped at 1.
+        assert!((m.first_turn_share() - 0.005).abs() < 1e-9, "one-shot traffic");
+        // Chats of six turns, every later turn placed by another gateway: five later turns
+        // per first one, the share capped at 1.
         for _ in 0..200 {
-            m.note_turn(false);
+            m.note_turn(false, false);
             for _ in 0..5 {
-                m.note_turn(true);
+                m.note_turn(true, false);
             }
         }
-        assert_eq!(m.return_share(), 1.0);
+        assert!(m.first_turn_share() > 0.99, "{}", m.first_turn_share());
         // Back to one-shot traffic: the old counts are halved away.
         for _ in 0..10_000 {
-            m.note_turn(false);
+            m.note_turn(false, false);
         }
-        assert!(m.return_share() < 0.01, "{}", m.return_share());
+        assert!(m.first_turn_share() < 0.01, "{}", m.first_turn_share());
+    }
+
+    /// One gateway that finds every later turn by memory gains nothing from crediting a
+    /// first turn on its rendezvous node; with a replica placing half the turns, half.
+    #[test]
+    fn the_first_turn_share_falls_when_this_gateway_placed_every_later_turn() {
+        let alone = PrefixMemory::default();
+        let shared = PrefixMemory::default();
+        for i in 0..200 {
+            alone.note_turn(false, false);
+            shared.note_turn(false, false);
+            for j in 0..5 {
+                alone.note_turn(true, true);
+                shared.note_turn(true, (i + j) % 2 == 0);
+            }
+        }
+        assert!(alone.first_turn_share() < 0.01, "{}", alone.first_turn_share());
+        let half = shared.first_turn_share();
+        assert!((0.4..=0.6).contains(&half), "{half}");
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub async fn client_request(
     };
     arrival.requested_model = parsed.model.clone();
     if let Some(p) = parsed.prefix {
-        fleet.prefixes.note_turn(p.continues);
+        fleet.prefixes.note_turn(p.continues, req.cached_on.is_some());
     }
     let Some(pass) = tenancy::admit(fleet, session, log, &arrival, family, &tenant, &req).await?
     else {

@@ -228,9 +228,12 @@ fn affinity_key(
 /// it serve last (prompt + output), else the stable prefix on the key's rendezvous node. That
 /// last credit is what makes replicas agree on a conversation's node; it is whole for a later
 /// turn or a declared conversation (`X-Fleet-Conversation`), and for a first turn scaled by
-/// the share of conversations that came back (`PrefixMemory::return_share`): a one-shot
-/// request caches nothing anyone will reuse, and crediting its whole prompt piled one-shot
-/// traffic onto rendezvous nodes.
+/// `PrefixMemory::first_turn_share`: the share of conversations that came back, times the
+/// share of later turns this gateway did not remember placing. A one-shot request caches
+/// nothing anyone will reuse (crediting its whole prompt piled one-shot traffic onto
+/// rendezvous nodes), and a gateway that places every turn itself finds them by memory (the
+/// credit sent a home lab's first prompts to a laptop 4x slower than the idle workstation,
+/// and RAG prompts beside chats to whichever node their key named).
 fn cached_prefix(
     fleet: &Fleet,
     parsed: &ParsedRequest,
@@ -252,7 +255,7 @@ fn cached_prefix(
             let share = if declared || later {
                 1.0
             } else {
-                fleet.prefixes.return_share()
+                fleet.prefixes.first_turn_share()
             };
             (None, (f64::from(stable) * share) as u32)
         }
