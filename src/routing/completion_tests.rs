@@ -704,10 +704,10 @@ fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
 }
 
 /// A model not yet loaded will hold more than its weights, as much more as the node's loaded
-/// models do (Ollama's `/api/ps` sizes: weights plus context and cache). On a 24 GB box with a
+/// models do (Ollama's `/api/ps` sizes: weights plus context and cache). On a 24 GB GPU with a
 /// busy 5 GB model resident at 5.5 GB, a 17 GB model's weights fit (22.5 GB) but the 18.7 GB
-/// it will hold do not: completion mode does not send it there to evict the busy model. Spec
-/// mode keeps spec 000's fit by weights.
+/// it will hold do not: completion mode sends it to the 96 GB Mac, listed after, not to the
+/// GPU to evict the busy model. Spec mode keeps spec 000's fit by weights.
 #[test]
 fn a_cold_model_is_fitted_at_the_size_the_nodes_loaded_models_grow_to() {
     let mut busy_model = loaded("qwen", 5.0);
@@ -715,11 +715,14 @@ fn a_cold_model_is_fitted_at_the_size_the_nodes_loaded_models_grow_to() {
     let mut gpu = node("gpu", vec![busy_model, model("gemma", 17.0)]);
     gpu.memory_gb = 24.0;
     gpu.free_memory_gb = None;
-    let f = fleet(vec![gpu]);
+    let mut mac = node("mac", vec![model("gemma", 17.0)]);
+    mac.memory_gb = 96.0;
+    mac.free_memory_gb = None;
+    let f = fleet(vec![gpu, mac]);
     let r = req(&["gemma"], 100);
     let busy = TableLoads::default().with(0, "qwen", queue(1, 0));
     let d = at(&r, &f, &busy);
-    assert!(d.winner().is_none(), "{:?}", d.table[0].verdict);
+    assert_eq!(d.winner().map(|w| w.node_id.as_str()), Some("mac"));
     assert!(matches!(
         d.table[0].verdict,
         Verdict::Eliminated {
@@ -727,10 +730,38 @@ fn a_cold_model_is_fitted_at_the_size_the_nodes_loaded_models_grow_to() {
         }
     ));
     let spec = decide(&r, &f, &Policy::default(), &busy, 1_000_000);
-    assert!(spec.winner().is_some(), "spec 000 fits by weights");
-    // Idle, the resident model is evicted for it.
+    assert!(
+        !matches!(spec.table[0].verdict, Verdict::Eliminated { .. }),
+        "spec 000 fits by weights"
+    );
+    // Idle, the resident model is evicted for it: the GPU (listed first, alike otherwise).
     let d = at(&r, &f, &TableLoads::default());
-    assert!(d.winner().is_some_and(|w| w.cold));
+    assert!(d.winner().is_some_and(|w| w.cold && w.node_id == "gpu"));
+}
+
+/// The grown size is an estimate: it steers a load to a node where the model fits, but when
+/// no node fits it and one fits its weights, the weights decide (as spec 000 would take it),
+/// rather than refusing a request the node can serve. Here a small model loaded with a large
+/// window holds three times its weights.
+#[test]
+fn a_grown_size_that_fits_nowhere_refuses_nothing_the_weights_fit() {
+    let mut long_window = loaded("tiny", 1.0);
+    long_window.resident_gb = Some(3.0);
+    let mut box24 = node("box", vec![long_window, model("mid", 10.0)]);
+    box24.memory_gb = 24.0;
+    box24.free_memory_gb = None;
+    let r = req(&["mid"], 100);
+    let alone = fleet(vec![box24.clone()]);
+    // Grown, 30 GB in 24: nothing fits; by its weights it does.
+    let d = at(&r, &alone, &TableLoads::default());
+    assert!(d.winner().is_some_and(|w| w.cold && w.node_id == "box"));
+    // Beside a 64 GB node that fits it grown, the grown size steers it there.
+    let mut big = node("big", vec![model("mid", 10.0)]);
+    big.memory_gb = 64.0;
+    big.free_memory_gb = None;
+    let both = fleet(vec![box24, big]);
+    let d = at(&r, &both, &TableLoads::default());
+    assert_eq!(d.winner().map(|w| w.node_id.as_str()), Some("big"));
 }
 
 /// Two equal nodes with a free seat each; node 0 has 20,000 prompt tokens sent and not yet

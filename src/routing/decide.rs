@@ -32,7 +32,11 @@ struct Cand {
     busy: u32,
 }
 
-/// Decide where `req` goes (see [`decide_once`]). When nothing survives and some pairs were
+/// Decide where `req` goes (see [`decide_once`]). In completion mode a model not yet loaded
+/// is fitted at what it will hold (its weights grown as the node's loaded models grew over
+/// theirs); that is an estimate, which steers a load away from a node where it would not fit
+/// but refuses nothing spec 000's fit by weights takes: when it leaves no survivor and some
+/// pair was out on memory, the weights decide. When nothing survives and some pairs were
 /// out only because they answered "not here" for this endpoint, decide again without that
 /// rule: the node then gives the client its own native answer (a 501 says what is missing)
 /// instead of the holding queue's 503 after a wait.
@@ -43,21 +47,24 @@ pub fn decide(
     loads: &dyn Loads,
     now_ms: u64,
 ) -> Decision {
-    let d = decide_once(req, fleet, policy, loads, now_ms);
-    let not_capable = d.table.iter().any(|r| {
-        matches!(
-            r.verdict,
-            Verdict::Eliminated {
-                reason: Reason::NotCapable
-            }
-        )
-    });
-    if d.winner().is_some() || !not_capable {
+    let out_on = |d: &Decision, reason: Reason| {
+        d.table
+            .iter()
+            .any(|r| matches!(r.verdict, Verdict::Eliminated { reason: x } if x == reason))
+    };
+    let mut d = decide_once(req, fleet, policy, loads, now_ms, true);
+    if d.winner().is_none() && policy.mode == Mode::Completion && out_on(&d, Reason::MemoryFit) {
+        let by_weights = decide_once(req, fleet, policy, loads, now_ms, false);
+        if by_weights.winner().is_some() {
+            d = by_weights;
+        }
+    }
+    if d.winner().is_some() || !out_on(&d, Reason::NotCapable) {
         return d;
     }
     let mut again = req.clone();
     again.endpoint = None;
-    decide_once(&again, fleet, policy, loads, now_ms)
+    decide_once(&again, fleet, policy, loads, now_ms, true)
 }
 
 /// Decide where `req` goes in `fleet` given the live `loads`, at time `now_ms`.
@@ -80,6 +87,7 @@ fn decide_once(
     policy: &Policy,
     loads: &dyn Loads,
     now_ms: u64,
+    grown: bool,
 ) -> Decision {
     let n_models = req.models.len();
     let key = affinity::request_key(req);
@@ -171,6 +179,10 @@ fn decide_once(
                 eliminate::available_gb_evicting(node, |name| loads.model(idx, name).busy())
             }
         };
+        let growth = match policy.mode {
+            Mode::Completion if grown => super::evict::growth(node),
+            _ => 1.0,
+        };
         for (pos, name) in req.models.iter().enumerate() {
             let model = node.model(name);
             if let Some(m) = model {
@@ -185,8 +197,10 @@ fn decide_once(
             let outcome = match (node_out, model) {
                 (Some(reason), _) => Err(reason),
                 (None, None) => Err(Reason::ModelAbsent),
-                (None, Some(m)) => eliminate::model_reason(req, policy, node, m, needed, available)
-                    .map(|fit| (m, fit)),
+                (None, Some(m)) => {
+                    eliminate::model_reason(req, policy, node, m, needed, available, growth)
+                        .map(|fit| (m, fit))
+                }
             };
             let verdict = match outcome {
                 Err(reason) => Verdict::Eliminated { reason },

@@ -5,7 +5,7 @@
 //! `decide` after the first pass.
 
 use super::policy::Policy;
-use super::types::{Health, Mode, ModelView, NodeView, Pressure, Reason, RouteRequest, Tier};
+use super::types::{Health, ModelView, NodeView, Pressure, Reason, RouteRequest, Tier};
 
 /// Why `node` cannot serve `req` whatever the model, checked in the order of the explain
 /// table: hints first (pin, tried), then health, then hardware, then capacity.
@@ -142,6 +142,8 @@ pub(super) fn fit_ratio(model: &ModelView, available_gb: f64) -> f64 {
 }
 
 /// Why this model cannot run on this (otherwise eligible) node; else its fit ratio.
+/// `growth`: what a model not yet loaded is taken to hold over its weights (completion mode:
+/// as much more as the node's loaded models hold, `evict::growth`; 1: its weights).
 pub(super) fn model_reason(
     req: &RouteRequest,
     policy: &Policy,
@@ -149,6 +151,7 @@ pub(super) fn model_reason(
     model: &ModelView,
     needed: u64,
     available_gb: f64,
+    growth: f64,
 ) -> Result<f64, Reason> {
     let warm_required =
         req.require_warm || (policy.require_warm_provisional && node.tier == Tier::Provisional);
@@ -164,18 +167,11 @@ pub(super) fn model_reason(
     if !window_fits(model, needed) {
         return Err(Reason::Context);
     }
-    let ratio = match policy.mode {
-        // Completion mode: an unloaded model will hold more than its weights, as much more as
-        // the node's loaded models do (context and cache on top; Ollama's `/api/ps` size).
-        Mode::Completion if !model.loaded && model.resident_gb.is_none() => {
-            let gb = model.size_gb * super::evict::growth(node);
-            if gb > 0.0 {
-                available_gb / gb
-            } else {
-                f64::INFINITY
-            }
-        }
-        _ => fit_ratio(model, available_gb),
+    let grown = model.size_gb * growth;
+    let ratio = if growth != 1.0 && !model.loaded && model.resident_gb.is_none() && grown > 0.0 {
+        available_gb / grown
+    } else {
+        fit_ratio(model, available_gb)
     };
     if below(ratio, 1.0) {
         return Err(Reason::MemoryFit);
@@ -362,9 +358,9 @@ mod tests {
             breaker_open: true,
             ..ok.clone()
         };
-        assert!(model_reason(&req, &p, &n, &ok, 0, 64.0).is_ok());
+        assert!(model_reason(&req, &p, &n, &ok, 0, 64.0, 1.0).is_ok());
         assert_eq!(
-            model_reason(&req, &p, &n, &broken, 0, 64.0),
+            model_reason(&req, &p, &n, &broken, 0, 64.0, 1.0),
             Err(Reason::BreakerOpen)
         );
     }
@@ -427,13 +423,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(needed_tokens(&fits, &n), 49_152);
-        assert!(model_reason(&fits, &p, &n, &m, needed_tokens(&fits, &n), 64.0).is_ok());
+        assert!(model_reason(&fits, &p, &n, &m, needed_tokens(&fits, &n), 64.0, 1.0).is_ok());
         let over = RouteRequest {
             prompt_tokens: 21_961,
             ..Default::default()
         };
         assert_eq!(
-            model_reason(&over, &p, &n, &m, needed_tokens(&over, &n), 64.0),
+            model_reason(&over, &p, &n, &m, needed_tokens(&over, &n), 64.0, 1.0),
             Err(Reason::Context)
         );
         // max_tokens replaces the node's reserve.
@@ -442,7 +438,16 @@ mod tests {
             max_output_tokens: Some(1_000),
             ..Default::default()
         };
-        assert!(model_reason(&small_out, &p, &n, &m, needed_tokens(&small_out, &n), 64.0).is_ok());
+        assert!(model_reason(
+            &small_out,
+            &p,
+            &n,
+            &m,
+            needed_tokens(&small_out, &n),
+            64.0,
+            1.0
+        )
+        .is_ok());
     }
 
     #[test]
@@ -456,32 +461,32 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            model_reason(&req, &p, &n, &cold, 0, 9.9),
+            model_reason(&req, &p, &n, &cold, 0, 9.9, 1.0),
             Err(Reason::MemoryFit)
         );
-        assert_eq!(model_reason(&req, &p, &n, &cold, 0, 10.0), Ok(1.0));
+        assert_eq!(model_reason(&req, &p, &n, &cold, 0, 10.0, 1.0), Ok(1.0));
         let seen = ModelView {
             resident_gb: Some(20.0),
             ..cold.clone()
         };
         assert_eq!(
-            model_reason(&req, &p, &n, &seen, 0, 15.0),
+            model_reason(&req, &p, &n, &seen, 0, 15.0, 1.0),
             Err(Reason::MemoryFit)
         );
         let loaded = ModelView {
             loaded: true,
             ..cold.clone()
         };
-        assert!(model_reason(&req, &p, &n, &loaded, 0, 0.0).is_ok());
+        assert!(model_reason(&req, &p, &n, &loaded, 0, 0.0, 1.0).is_ok());
         let warm = RouteRequest {
             require_warm: true,
             ..Default::default()
         };
         assert_eq!(
-            model_reason(&warm, &p, &n, &cold, 0, 64.0),
+            model_reason(&warm, &p, &n, &cold, 0, 64.0, 1.0),
             Err(Reason::NotWarm)
         );
-        assert!(model_reason(&warm, &p, &n, &loaded, 0, 64.0).is_ok());
+        assert!(model_reason(&warm, &p, &n, &loaded, 0, 64.0, 1.0).is_ok());
         let tiered = Policy {
             require_warm_provisional: true,
             ..Policy::default()
@@ -491,10 +496,10 @@ mod tests {
             ..node()
         };
         assert_eq!(
-            model_reason(&req, &tiered, &prov, &cold, 0, 64.0),
+            model_reason(&req, &tiered, &prov, &cold, 0, 64.0, 1.0),
             Err(Reason::NotWarm)
         );
-        assert!(model_reason(&req, &tiered, &n, &cold, 0, 64.0).is_ok());
+        assert!(model_reason(&req, &tiered, &n, &cold, 0, 64.0, 1.0).is_ok());
     }
 
     #[test]
