@@ -115,7 +115,10 @@ mod tests {
         for _ in 0..99 {
             m.note_turn(false, false);
         }
-        assert!((m.first_turn_share() - 0.005).abs() < 1e-9, "one-shot traffic");
+        assert!(
+            (m.first_turn_share() - 0.005).abs() < 1e-9,
+            "one-shot traffic"
+        );
         // Chats of six turns, every later turn placed by another gateway: five later turns
         // per first one, the share capped at 1.
         for _ in 0..200 {
@@ -146,7 +149,11 @@ mod tests {
                 shared.note_turn(true, (i + j) % 2 == 0);
             }
         }
-        assert!(alone.first_turn_share() < 0.01, "{}", alone.first_turn_share());
+        assert!(
+            alone.first_turn_share() < 0.01,
+            "{}",
+            alone.first_turn_share()
+        );
         let half = shared.first_turn_share();
         assert!((0.4..=0.6).contains(&half), "{half}");
     }

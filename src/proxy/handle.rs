@@ -59,7 +59,9 @@ pub async fn client_request(
     };
     arrival.requested_model = parsed.model.clone();
     if let Some(p) = parsed.prefix {
-        fleet.prefixes.note_turn(p.continues, req.cached_on.is_some());
+        fleet
+            .prefixes
+            .note_turn(p.continues, req.cached_on.is_some());
     }
     let Some(pass) = tenancy::admit(fleet, session, log, &arrival, family, &tenant, &req).await?
     else {
