@@ -114,8 +114,8 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         counters.observe_chunks(tokens, observed.chunks);
     }
     if let Some(tokens) = observed.output_tokens().filter(|t| *t >= 2) {
-        let secs = match (observed.eval_duration_ns, first_byte) {
-            (Some(ns), _) if ns > 0 => ns as f64 / 1e9,
+        let secs = match (super::observe::secs(observed.eval_duration_ns), first_byte) {
+            (Some(s), _) => s,
             (_, Some(fb)) if observed.chunks >= 2 => end.duration_since(fb).as_secs_f64(),
             _ => end.duration_since(d.started).as_secs_f64(),
         };

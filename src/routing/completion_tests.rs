@@ -665,12 +665,13 @@ fn contention_not_yet_seen_on_a_node_is_borrowed_from_its_peers() {
 /// counted.
 #[test]
 fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
-    let mut ws = node(
-        "ws",
-        vec![loaded("a", 20.0), loaded("b", 20.0), model("big", 22.0)],
+    let ws = with_memory(
+        node(
+            "ws",
+            vec![loaded("a", 20.0), loaded("b", 20.0), model("big", 22.0)],
+        ),
+        50.0,
     );
-    ws.memory_gb = 50.0;
-    ws.free_memory_gb = None;
     let f = fleet(vec![ws]);
     let r = req(&["big"], 100);
     let spec = decide(
@@ -712,12 +713,8 @@ fn a_cold_load_may_evict_idle_models_in_completion_mode_only() {
 fn a_cold_model_is_fitted_at_the_size_the_nodes_loaded_models_grow_to() {
     let mut busy_model = loaded("qwen", 5.0);
     busy_model.resident_gb = Some(5.5);
-    let mut gpu = node("gpu", vec![busy_model, model("gemma", 17.0)]);
-    gpu.memory_gb = 24.0;
-    gpu.free_memory_gb = None;
-    let mut mac = node("mac", vec![model("gemma", 17.0)]);
-    mac.memory_gb = 96.0;
-    mac.free_memory_gb = None;
+    let gpu = with_memory(node("gpu", vec![busy_model, model("gemma", 17.0)]), 24.0);
+    let mac = with_memory(node("mac", vec![model("gemma", 17.0)]), 96.0);
     let f = fleet(vec![gpu, mac]);
     let r = req(&["gemma"], 100);
     let busy = TableLoads::default().with(0, "qwen", queue(1, 0));
@@ -747,18 +744,14 @@ fn a_cold_model_is_fitted_at_the_size_the_nodes_loaded_models_grow_to() {
 fn a_grown_size_that_fits_nowhere_refuses_nothing_the_weights_fit() {
     let mut long_window = loaded("tiny", 1.0);
     long_window.resident_gb = Some(3.0);
-    let mut box24 = node("box", vec![long_window, model("mid", 10.0)]);
-    box24.memory_gb = 24.0;
-    box24.free_memory_gb = None;
+    let box24 = with_memory(node("box", vec![long_window, model("mid", 10.0)]), 24.0);
     let r = req(&["mid"], 100);
     let alone = fleet(vec![box24.clone()]);
     // Grown, 30 GB in 24: nothing fits; by its weights it does.
     let d = at(&r, &alone, &TableLoads::default());
     assert!(d.winner().is_some_and(|w| w.cold && w.node_id == "box"));
     // Beside a 64 GB node that fits it grown, the grown size steers it there.
-    let mut big = node("big", vec![model("mid", 10.0)]);
-    big.memory_gb = 64.0;
-    big.free_memory_gb = None;
+    let big = with_memory(node("big", vec![model("mid", 10.0)]), 64.0);
     let both = fleet(vec![box24, big]);
     let d = at(&r, &both, &TableLoads::default());
     assert_eq!(d.winner().map(|w| w.node_id.as_str()), Some("big"));

@@ -89,6 +89,8 @@ fn decide_once(
     now_ms: u64,
     grown: bool,
 ) -> Decision {
+    // A cold model fitted at what it will hold: completion mode's estimate.
+    let grown = grown && policy.mode == Mode::Completion;
     let n_models = req.models.len();
     let key = affinity::request_key(req);
     // Per candidate model: (weight, node) of its rendezvous node among the nodes that have it
@@ -179,10 +181,6 @@ fn decide_once(
                 eliminate::available_gb_evicting(node, |name| loads.model(idx, name).busy())
             }
         };
-        let growth = match policy.mode {
-            Mode::Completion if grown => super::evict::growth(node),
-            _ => 1.0,
-        };
         for (pos, name) in req.models.iter().enumerate() {
             let model = node.model(name);
             if let Some(m) = model {
@@ -198,7 +196,7 @@ fn decide_once(
                 (Some(reason), _) => Err(reason),
                 (None, None) => Err(Reason::ModelAbsent),
                 (None, Some(m)) => {
-                    eliminate::model_reason(req, policy, node, m, needed, available, growth)
+                    eliminate::model_reason(req, policy, node, m, needed, available, grown)
                         .map(|fit| (m, fit))
                 }
             };

@@ -133,7 +133,11 @@ pub(super) fn model_gb(model: &ModelView) -> f64 {
 
 /// Spec 000 fit ratio; a loaded model always fits (infinite ratio).
 pub(super) fn fit_ratio(model: &ModelView, available_gb: f64) -> f64 {
-    let gb = model_gb(model);
+    ratio_of(model, available_gb, model_gb(model))
+}
+
+/// `available_gb` over the `gb` the model takes; infinite when it is loaded.
+fn ratio_of(model: &ModelView, available_gb: f64, gb: f64) -> f64 {
     if model.loaded || gb <= 0.0 {
         f64::INFINITY
     } else {
@@ -142,8 +146,9 @@ pub(super) fn fit_ratio(model: &ModelView, available_gb: f64) -> f64 {
 }
 
 /// Why this model cannot run on this (otherwise eligible) node; else its fit ratio.
-/// `growth`: what a model not yet loaded is taken to hold over its weights (completion mode:
-/// as much more as the node's loaded models hold, `evict::growth`; 1: its weights).
+/// `grown`: a model not yet loaded is fitted at what it will hold, its weights grown as much
+/// as the node's loaded models hold over theirs (`evict::held_gb`; completion mode), not at
+/// its weights.
 pub(super) fn model_reason(
     req: &RouteRequest,
     policy: &Policy,
@@ -151,7 +156,7 @@ pub(super) fn model_reason(
     model: &ModelView,
     needed: u64,
     available_gb: f64,
-    growth: f64,
+    grown: bool,
 ) -> Result<f64, Reason> {
     let warm_required =
         req.require_warm || (policy.require_warm_provisional && node.tier == Tier::Provisional);
@@ -167,11 +172,12 @@ pub(super) fn model_reason(
     if !window_fits(model, needed) {
         return Err(Reason::Context);
     }
-    let grown = model.size_gb * growth;
-    let ratio = if growth != 1.0 && !model.loaded && model.resident_gb.is_none() && grown > 0.0 {
-        available_gb / grown
-    } else {
-        fit_ratio(model, available_gb)
+    let ratio = match grown && !model.loaded {
+        true => {
+            let gb = super::evict::held_gb(model, super::evict::growth(node));
+            ratio_of(model, available_gb, gb)
+        }
+        false => fit_ratio(model, available_gb),
     };
     if below(ratio, 1.0) {
         return Err(Reason::MemoryFit);
@@ -358,9 +364,9 @@ mod tests {
             breaker_open: true,
             ..ok.clone()
         };
-        assert!(model_reason(&req, &p, &n, &ok, 0, 64.0, 1.0).is_ok());
+        assert!(model_reason(&req, &p, &n, &ok, 0, 64.0, false).is_ok());
         assert_eq!(
-            model_reason(&req, &p, &n, &broken, 0, 64.0, 1.0),
+            model_reason(&req, &p, &n, &broken, 0, 64.0, false),
             Err(Reason::BreakerOpen)
         );
     }
@@ -423,13 +429,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(needed_tokens(&fits, &n), 49_152);
-        assert!(model_reason(&fits, &p, &n, &m, needed_tokens(&fits, &n), 64.0, 1.0).is_ok());
+        assert!(model_reason(&fits, &p, &n, &m, needed_tokens(&fits, &n), 64.0, false).is_ok());
         let over = RouteRequest {
             prompt_tokens: 21_961,
             ..Default::default()
         };
         assert_eq!(
-            model_reason(&over, &p, &n, &m, needed_tokens(&over, &n), 64.0, 1.0),
+            model_reason(&over, &p, &n, &m, needed_tokens(&over, &n), 64.0, false),
             Err(Reason::Context)
         );
         // max_tokens replaces the node's reserve.
@@ -445,7 +451,7 @@ mod tests {
             &m,
             needed_tokens(&small_out, &n),
             64.0,
-            1.0
+            false
         )
         .is_ok());
     }
@@ -461,32 +467,32 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            model_reason(&req, &p, &n, &cold, 0, 9.9, 1.0),
+            model_reason(&req, &p, &n, &cold, 0, 9.9, false),
             Err(Reason::MemoryFit)
         );
-        assert_eq!(model_reason(&req, &p, &n, &cold, 0, 10.0, 1.0), Ok(1.0));
+        assert_eq!(model_reason(&req, &p, &n, &cold, 0, 10.0, false), Ok(1.0));
         let seen = ModelView {
             resident_gb: Some(20.0),
             ..cold.clone()
         };
         assert_eq!(
-            model_reason(&req, &p, &n, &seen, 0, 15.0, 1.0),
+            model_reason(&req, &p, &n, &seen, 0, 15.0, false),
             Err(Reason::MemoryFit)
         );
         let loaded = ModelView {
             loaded: true,
             ..cold.clone()
         };
-        assert!(model_reason(&req, &p, &n, &loaded, 0, 0.0, 1.0).is_ok());
+        assert!(model_reason(&req, &p, &n, &loaded, 0, 0.0, false).is_ok());
         let warm = RouteRequest {
             require_warm: true,
             ..Default::default()
         };
         assert_eq!(
-            model_reason(&warm, &p, &n, &cold, 0, 64.0, 1.0),
+            model_reason(&warm, &p, &n, &cold, 0, 64.0, false),
             Err(Reason::NotWarm)
         );
-        assert!(model_reason(&warm, &p, &n, &loaded, 0, 64.0, 1.0).is_ok());
+        assert!(model_reason(&warm, &p, &n, &loaded, 0, 64.0, false).is_ok());
         let tiered = Policy {
             require_warm_provisional: true,
             ..Policy::default()
@@ -496,10 +502,10 @@ mod tests {
             ..node()
         };
         assert_eq!(
-            model_reason(&req, &tiered, &prov, &cold, 0, 64.0, 1.0),
+            model_reason(&req, &tiered, &prov, &cold, 0, 64.0, false),
             Err(Reason::NotWarm)
         );
-        assert!(model_reason(&req, &tiered, &n, &cold, 0, 64.0, 1.0).is_ok());
+        assert!(model_reason(&req, &tiered, &n, &cold, 0, 64.0, false).is_ok());
     }
 
     #[test]

@@ -149,7 +149,7 @@ pub(super) fn growth(node: &NodeView) -> f64 {
 
 /// What a model holds (or will hold) in memory: its resident size when measured, else its
 /// weights grown by `g` (the node's [`growth`]).
-fn held_gb(model: &ModelView, g: f64) -> f64 {
+pub(super) fn held_gb(model: &ModelView, g: f64) -> f64 {
     model.resident_gb.unwrap_or(model.size_gb * g)
 }
 

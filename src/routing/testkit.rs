@@ -170,6 +170,16 @@ pub fn node(id: &str, models: Vec<ModelView>) -> NodeView {
     }
 }
 
+/// `n` with `memory_gb` in all and no free-memory report: what it holds is counted from its
+/// loaded models.
+pub fn with_memory(n: NodeView, memory_gb: f64) -> NodeView {
+    NodeView {
+        memory_gb,
+        free_memory_gb: None,
+        ..n
+    }
+}
+
 pub fn fleet(nodes: Vec<NodeView>) -> FleetView {
     FleetView { nodes }
 }
