@@ -84,8 +84,7 @@ impl FlatLoads {
                 pending: (i % 5) as u32 / 2,
                 p75_ms: (i % 2 == 0).then_some(4_000.0 + i as f64),
                 observed_tps: (i % 3 == 1).then_some(35.0),
-                loading_since_ms: None,
-                hidden_load_since_ms: None,
+                ..ModelLoad::default()
             })
             .collect();
         let rates = (0..n)

@@ -153,3 +153,78 @@ fn joins_a_hidden_reload(opener_streams: bool) {
         assert_eq!(predicted_load(&gw, "a").await, 0.0);
     });
 }
+
+/// Behind a server that swaps models (llama-swap, LM Studio, Ollama on a small GPU): `a` holds
+/// one of `x:1b` and `y:1b` at a time (2 GB), each load 1 s; `b` serves `x:1b` alone.
+const SWAPS: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 2\nreply_tokens: 8\nmodels:\n  - {name: x:1b, size_gb: 1, cold_load_ms: 1000}\n  - {name: y:1b, size_gb: 1, cold_load_ms: 1000}\n";
+const ONLY_X: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {name: x:1b, size_gb: 1, cold_load_ms: 1000}\n";
+
+fn ask_for(model: &str) -> Value {
+    json!({"model": model, "stream": true, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello there"}]})
+}
+
+/// Stream one answer for `model` pinned to `node`: its retries.
+async fn pinned(gw: &Gateway, model: &str, node: &str) -> String {
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-fleet-pin-node", node)
+        .json(&ask_for(model))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let retries = r.headers()["x-fleet-retries"].to_str().unwrap().to_string();
+    assert!(r.text().await.unwrap().contains("[DONE]"));
+    retries
+}
+
+/// Once the answers showed that `a` swaps `x:1b` out when `y:1b` is sent there, a request for
+/// `x:1b` after one for `y:1b` is expected to wait for the swap on `a` (explain's `load_s`) and
+/// goes to `b`, which has it in memory; one pinned to `a` waits for the swap without its
+/// first-byte timeout taking it for a hung node. Before, every model behind the list looked
+/// loaded everywhere: `x:1b` went back to `a` and waited a second for each swap.
+#[test]
+fn a_swap_behind_the_model_list_is_learned_and_expected_after_another_model_ran() {
+    let rt = runtime();
+    let (a, b) = (sim(&rt, SWAPS), sim(&rt, ONLY_X));
+    let gw = Gateway::start(&format!(
+        "timeouts:\n  first_byte_min_ms: 400\n{}",
+        fleet(&[node_by_url("a", &a), node_by_url("b", &b)])
+    ));
+    rt.block_on(async {
+        pinned(&gw, "x:1b", "b").await;
+        // Loads x, swaps to y, swaps back to x, swaps to y: the swaps teach what they cost.
+        for model in ["x:1b", "y:1b", "x:1b", "y:1b"] {
+            assert_eq!(pinned(&gw, model, "a").await, "0");
+        }
+        assert_eq!(a.control().stats().loads.len(), 4, "every one a load");
+        let report = explain(&gw, "/fleet/explain", &ask_for("x:1b")).await;
+        let load = |node: &str| {
+            report["table"]
+                .as_array()
+                .and_then(|t| t.iter().find(|r| r["node"] == node))
+                .and_then(|r| r["load_s"].as_f64())
+                .unwrap_or_else(|| panic!("no prediction for {node}: {report:#}"))
+        };
+        assert!(
+            (0.8..1.5).contains(&load("a")),
+            "x:1b on a waits for the swap back: {report:#}"
+        );
+        assert_eq!(load("b"), 0.0, "{report:#}");
+        for _ in 0..4 {
+            let r = client()
+                .post(gw.url("/v1/chat/completions"))
+                .json(&ask_for("x:1b"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.headers()["x-fleet-node"], "b");
+            r.text().await.unwrap();
+        }
+        assert_eq!(a.control().stats().loads.len(), 4, "no swap for x:1b");
+        // Pinned there, it waits for the swap (1 s, past its 400 ms first-byte floor).
+        assert_eq!(pinned(&gw, "x:1b", "a").await, "0");
+        assert_eq!(a.control().stats().loads.len(), 5);
+    });
+}

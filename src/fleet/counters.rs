@@ -50,6 +50,8 @@ pub struct ModelCounters {
     /// idle past the keep-alive went out, ms, until the pair's first byte (0: none under way).
     /// A request sent meanwhile waits for the same unseen load.
     hidden_load_since_ms: AtomicU64,
+    /// That spell began with a swap (`ModelLoad::displaced`), not an idle past the keep-alive.
+    hidden_load_switch: std::sync::atomic::AtomicBool,
 }
 
 /// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
@@ -65,9 +67,35 @@ pub struct Progress {
     first_ms: AtomicU64,
     last_ms: AtomicU64,
     chunks: AtomicU32,
+    /// A streamed request's send and when its first token is due (ms; 0: not predicted).
+    sent_ms: AtomicU64,
+    due_ms: AtomicU64,
 }
 
+/// A streamed answer is stalled when its first token is this many times later than its
+/// predicted wait for it, and at least `STALL_MIN_MS` late (`SeatEnds::read`): a load is
+/// seconds, many prefills long.
+pub const STALL_LATE: u64 = 4;
+pub const STALL_MIN_MS: u64 = 250;
+
 impl Progress {
+    /// The streamed request was sent at `sent_ms`, its first token predicted at `due_ms`.
+    pub fn expect_first(&self, sent_ms: u64, due_ms: u64) {
+        self.sent_ms.store(sent_ms, Ordering::Relaxed);
+        self.due_ms.store(due_ms.max(sent_ms), Ordering::Relaxed);
+    }
+
+    /// When it was sent, if it is stalled at `now_ms` (see `STALL_LATE`).
+    fn stalled(&self, now_ms: u64) -> Option<u64> {
+        let due = self.due_ms.load(Ordering::Relaxed);
+        if due == 0 || self.first_ms.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        let sent = self.sent_ms.load(Ordering::Relaxed);
+        let late = now_ms.saturating_sub(due);
+        (late >= STALL_MIN_MS && late > STALL_LATE * due.saturating_sub(sent)).then_some(sent)
+    }
+
     /// The answer's `chunks`-th chunk came at `now_ms` (the first one starts the clock).
     pub fn chunk(&self, chunks: u32, now_ms: u64) {
         if self.first_ms.load(Ordering::Relaxed) == 0 {
@@ -114,9 +142,11 @@ impl SeatEnds {
 
     /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`; and what the
     /// running answers have streamed so far, summed over those with at least
-    /// `LIVE_MIN_TOKENS` chunks past their first (`None`: none has), tokens being chunks
-    /// times `per_chunk` (a server that sends several tokens per chunk is not read as slow).
-    /// One lock for both: routing reads them together for every pair with requests running.
+    /// `LIVE_MIN_TOKENS` chunks past their first, tokens being chunks times `per_chunk` (a
+    /// server that sends several tokens per chunk is not read as slow), with the first send
+    /// of those stalled before their first token (`None`: none has streamed enough, none is
+    /// stalled). One lock for all: routing reads them together for every pair with requests
+    /// running.
     pub fn read(&self, now_ms: u64, per_chunk: f64, out: &mut Vec<f64>) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
         for (_, end, p) in self.0.lock().iter() {
@@ -128,8 +158,11 @@ impl SeatEnds {
                 live.tokens += f64::from(chunks) * per_chunk;
                 live.streams += 1;
             }
+            if let Some(sent) = p.stalled(now_ms) {
+                live.stalled_since_ms = Some(live.stalled_since_ms.map_or(sent, |s| s.min(sent)));
+            }
         }
-        (live.streams > 0).then_some(live)
+        (live.streams > 0 || live.stalled_since_ms.is_some()).then_some(live)
     }
 }
 
@@ -168,14 +201,17 @@ impl ModelCounters {
                 0 => None,
                 t => Some(t),
             },
+            hidden_load_switch: self.hidden_load_switch.load(Ordering::Relaxed),
+            displaced: false,
         }
     }
 
     /// A request to the pair idle past the keep-alive, on a node that hides its loads, is
     /// sent at `now_ms`: it starts a spell in which later requests wait for the same
     /// unseen load (or joins one under way). Returns how long that has been under way, seconds
-    /// (0 for the one that starts it).
-    pub fn hidden_load_sent(&self, now_ms: u64) -> f64 {
+    /// (0 for the one that starts it). `switch`: the spell is a swap, not an idle
+    /// (`ModelLoad::hidden_load_switch`).
+    pub fn hidden_load_sent(&self, now_ms: u64, switch: bool) -> f64 {
         let now = now_ms.max(1);
         match self.hidden_load_since_ms.compare_exchange(
             0,
@@ -183,9 +219,33 @@ impl ModelCounters {
             Ordering::Relaxed,
             Ordering::Relaxed,
         ) {
-            Ok(_) => 0.0,
+            Ok(_) => {
+                self.hidden_load_switch.store(switch, Ordering::Relaxed);
+                0.0
+            }
             Err(since) => now.saturating_sub(since) as f64 / 1000.0,
         }
+    }
+
+    /// A request to the pair sent at `since_ms` is stalled before its first token
+    /// (`LiveDecode::stalled_since_ms`): a swap is taken to be under way since then (unless a
+    /// spell already is), and one sent at `now_ms` joins it. Returns how long it has been
+    /// under way, seconds.
+    pub fn hidden_load_stalled(&self, since_ms: u64, now_ms: u64) -> f64 {
+        let since = since_ms.max(1);
+        let start = match self.hidden_load_since_ms.compare_exchange(
+            0,
+            since,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => {
+                self.hidden_load_switch.store(true, Ordering::Relaxed);
+                since
+            }
+            Err(current) => current,
+        };
+        now_ms.saturating_sub(start) as f64 / 1000.0
     }
 
     /// A request placed to join a hidden load is sent at `now_ms`: how long the load has been
@@ -358,9 +418,9 @@ mod tests {
     #[test]
     fn a_hidden_load_is_started_joined_and_ended_by_a_first_byte() {
         let c = ModelCounters::default();
-        assert_eq!(c.hidden_load_sent(10_000), 0.0);
+        assert_eq!(c.hidden_load_sent(10_000, false), 0.0);
         assert_eq!(c.load().hidden_load_since_ms, Some(10_000));
-        assert_eq!(c.hidden_load_sent(10_300), 0.3);
+        assert_eq!(c.hidden_load_sent(10_300, false), 0.3);
         assert_eq!(c.hidden_load_join(10_500), Some(0.5));
         c.first_byte();
         assert_eq!(c.load().hidden_load_since_ms, None);
@@ -371,9 +431,40 @@ mod tests {
         );
         assert_eq!(c.load().hidden_load_since_ms, None);
         c.in_flight.store(1, Ordering::Relaxed);
-        assert_eq!(c.hidden_load_sent(20_000), 0.0);
+        assert_eq!(c.hidden_load_sent(20_000, false), 0.0);
         c.lease_ended();
         assert_eq!(c.load().hidden_load_since_ms, None);
+    }
+
+    /// A streamed request due to start answering 50 ms after its send is stalled once it is
+    /// both 250 ms and four times its 50 ms late with no first token; its first token ends
+    /// the stall. The stall, seen, starts a swap spell at its send that a later request joins.
+    #[test]
+    fn a_first_token_far_past_its_time_is_a_stall_and_starts_a_swap_spell() {
+        let c = ModelCounters::default();
+        let p = c.ends.set(1, 20_000);
+        p.expect_first(10_000, 10_050);
+        let read = |now| {
+            c.ends
+                .read(now, 1.0, &mut Vec::new())
+                .and_then(|l| l.stalled_since_ms)
+        };
+        assert_eq!(read(10_200), None, "150 ms late");
+        assert_eq!(read(10_400), Some(10_000));
+        c.in_flight.store(1, Ordering::Relaxed);
+        assert_eq!(c.hidden_load_stalled(10_000, 10_500), 0.5);
+        let l = c.load();
+        assert_eq!(
+            (l.hidden_load_since_ms, l.hidden_load_switch),
+            (Some(10_000), true)
+        );
+        p.chunk(1, 10_600);
+        assert_eq!(read(10_700), None, "answering");
+        // One predicted to wait long for its first token is stalled only past four times that.
+        let slow = c.ends.set(2, 90_000);
+        slow.expect_first(10_000, 12_000);
+        assert_eq!(read(19_000), None);
+        assert_eq!(read(20_500), Some(10_000));
     }
 
     /// The first cold request starts a load, a second one joins it 3 s in; once the model is in

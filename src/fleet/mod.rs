@@ -84,9 +84,24 @@ pub struct NodeState {
     /// A node whose seats nobody said: whether it runs no more than the most streams seen
     /// decoding on it at once (`decoding.most()`), learned from answers the same way.
     pub seat_bound: Mutex<SeatBound>,
+    /// The model the node was last sent a request for (its counters' address; 0: none yet):
+    /// every other model's pair is `ModelLoad::displaced`.
+    last_sent: std::sync::atomic::AtomicUsize,
 }
 
 impl NodeState {
+    /// A request for the model whose counters are `c` is sent to the node.
+    pub fn sent(&self, c: &Arc<ModelCounters>) {
+        self.last_sent
+            .store(Arc::as_ptr(c) as usize, Ordering::Relaxed);
+    }
+
+    /// Another model was sent to the node after the last request for `c`'s.
+    fn displaced(&self, c: &Arc<ModelCounters>) -> bool {
+        let last = self.last_sent.load(Ordering::Relaxed);
+        last != 0 && last != Arc::as_ptr(c) as usize
+    }
+
     /// Counters for `model` on this node, created on first use.
     pub fn counters(&self, model: &str) -> Arc<ModelCounters> {
         if let Some(c) = self.models.read().get(model) {
@@ -660,8 +675,14 @@ impl Loads for Fleet {
         self.nodes
             .load()
             .get(node)
-            .and_then(|n| n.peek(model))
-            .map_or_else(ModelLoad::default, |c| c.load())
+            .and_then(|n| {
+                let c = n.peek(model)?;
+                Some(ModelLoad {
+                    displaced: n.displaced(&c),
+                    ..c.load()
+                })
+            })
+            .unwrap_or_default()
     }
 
     fn rates(&self, node: usize, model: &str) -> Rates {
@@ -746,6 +767,20 @@ mod tests {
         assert!(fleet.view().nodes[0].model("busy").unwrap().loaded);
         drop(seat);
         assert!(fleet.claim_unload(0, "busy", 2_002), "idle again");
+    }
+
+    /// Once a request for another model is sent to the node, every model but that one reads
+    /// as displaced (a server that swaps may have pushed it out), until it is sent one itself.
+    #[test]
+    fn a_model_reads_as_displaced_once_another_is_sent_to_its_node() {
+        let fleet = polled(&[("x", true), ("y", true)]);
+        let (x, y) = (fleet.node(0).counters("x"), fleet.node(0).counters("y"));
+        let displaced = |m: &str| Loads::model(&*fleet, 0, m).displaced;
+        assert!(!displaced("x") && !displaced("y"), "nothing sent yet");
+        fleet.node(0).sent(&x);
+        assert!(!displaced("x") && displaced("y"));
+        fleet.node(0).sent(&y);
+        assert!(displaced("x") && !displaced("y"));
     }
 
     /// A cold load observed on the node (11 GB resident in 2 s) shows in the view as the

@@ -70,6 +70,10 @@ pub struct Observation {
     /// its answer showed it waiting for a load (0: none; `routing::IdleExpect::load_seen`).
     /// One that waited is taken as cold, its load as `load_s`.
     pub idle_load_s: Option<f64>,
+    /// That spell was a swap (another model was sent to the node since the pair's last
+    /// request), not an idle past the keep-alive: its load is learned apart
+    /// (`Rates::switch_load_s`).
+    pub switch: bool,
     /// Requests in flight on the node meanwhile (this one included): the mean of the counts
     /// at its send and its end.
     pub concurrency: u32,
@@ -111,6 +115,10 @@ pub struct PairRates {
     /// What requests to the pair idle past the keep-alive waited for a load (zeros count).
     #[serde(default)]
     idle_load: Mean,
+    /// What requests to the pair sent after another model was sent to the node waited for a
+    /// load (zeros count).
+    #[serde(default)]
+    switch_load: Mean,
     service: Mean,
     output: Mean,
     /// Seconds between the last [`GAPS`] responses (at least the clock's millisecond), oldest
@@ -135,9 +143,14 @@ impl PairRates {
         // load was over by its turn, which says nothing of its length.
         if let Some(l) = o.idle_load_s {
             let under_way = Some(o.load_under_way_s).filter(|u| u.is_finite() && *u > 0.0);
+            let mean = if o.switch {
+                &mut self.switch_load
+            } else {
+                &mut self.idle_load
+            };
             match (l > 0.0, under_way) {
-                (true, u) => self.idle_load.add_any(l + u.unwrap_or(0.0), now),
-                (false, None) => self.idle_load.add_any(0.0, now),
+                (true, u) => mean.add_any(l + u.unwrap_or(0.0), now),
+                (false, None) => mean.add_any(0.0, now),
                 (false, Some(_)) => {}
             }
         }
@@ -308,6 +321,7 @@ impl PairRates {
             decode_spt_per_stream: decode.and_then(|(_, b, spread)| spread.then_some(b)),
             load_s: self.load.get(),
             idle_load_s: self.idle_load.get(),
+            switch_load_s: self.switch_load.get(),
             service_s: self.service.get(),
             output_tokens: self.output.get(),
             observed: self.observed,
@@ -648,6 +662,34 @@ mod tests {
         p.observe(&warm);
         let after = p.rates().idle_load_s.unwrap();
         assert!(after < 1e-6, "the last spell's: none ({after})");
+    }
+
+    /// A request sent after another model was sent to the node (a swap spell) teaches the
+    /// swap's load, apart from the load after an idle spell: a node whose models stay in memory
+    /// together swaps for nothing, however long it takes to load one after the keep-alive.
+    #[test]
+    fn a_swap_teaches_its_own_load_not_the_idle_one() {
+        let mut p = PairRates::default();
+        p.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
+        p.observe(&waited_for_load(400_000, 1.5));
+        let swap = Observation {
+            switch: true,
+            ..waited_for_load(401_000, 2.5)
+        };
+        p.observe(&swap);
+        let r = p.rates();
+        assert_eq!(
+            (r.idle_load_s, r.switch_load_s),
+            (Some(1.5), Some(2.5)),
+            "{r:?}"
+        );
+        let mut stayed = response(402_000, 1_000, 1, 1_000.0, 40.0, 0.0);
+        stayed.idle_load_s = Some(0.0);
+        stayed.switch = true;
+        p.observe(&stayed);
+        let r = p.rates();
+        assert_eq!(r.idle_load_s, Some(1.5));
+        assert!(r.switch_load_s.unwrap() < 2.5, "{r:?}");
     }
 
     /// A request that joined a hidden load 0.5 s in waited 1 s for the rest: the load took

@@ -173,6 +173,7 @@ impl Dispatch {
         st.joined_hidden_load = false;
         st.load_under_way_s = 0.0;
         if let Some(lease) = st.lease.as_mut() {
+            lease.sent();
             // A request to a pair idle past the keep-alive on a node that hides its loads
             // starts a spell in which later ones wait for the same load, until the pair's
             // first byte (a whole reply's comes at its end: routing takes a spell past twice
@@ -180,8 +181,11 @@ impl Dispatch {
             // still under way when the request goes (it may have waited for a seat
             // meanwhile), and starts none.
             let joined = match choice.idle {
-                Some(idle) if idle.joined => lease.counters.hidden_load_join(now_ms),
-                Some(_) => Some(lease.counters.hidden_load_sent(now_ms)),
+                Some(idle) if idle.joined => match idle.stalled_since_ms {
+                    Some(since) => Some(lease.counters.hidden_load_stalled(since, now_ms)),
+                    None => lease.counters.hidden_load_join(now_ms),
+                },
+                Some(idle) => Some(lease.counters.hidden_load_sent(now_ms, idle.switch)),
                 None => None,
             };
             st.joined_hidden_load = joined.is_some() && choice.idle.is_some_and(|i| i.joined);
@@ -196,6 +200,12 @@ impl Dispatch {
                 }
                 (None, Some(_)) => lease.expect_unknown_end(),
                 (None, None) => {}
+            }
+            if let Some(first_s) = choice.predicted_first_s.filter(|_| self.stream) {
+                lease.expect_first(
+                    now_ms,
+                    now_ms.saturating_add((first_s.max(0.0) * 1000.0) as u64),
+                );
             }
         }
         // Only a stream's first byte says when its prefill ended (a whole reply comes at the
@@ -276,6 +286,7 @@ mod tests {
             cold: false,
             predicted_s: None,
             predicted_run_s: None,
+            predicted_first_s: None,
             seat_test: None,
             idle: None,
         }

@@ -214,6 +214,7 @@ fn learn(
         prior_prefill_tps,
         prior_spt,
         idle_load_s: None,
+        switch: false,
         measurement: false,
     };
     // Sent to a pair idle past the keep-alive on a node that hides its loads: did the node
@@ -228,13 +229,19 @@ fn learn(
         let load = idle.load_seen(o.ttft_s, o.service_s, o.output_tokens, ratio);
         if let Some(load) = load.filter(|l| *l > 0.0) {
             log::info!(
-                "node {}: waited {load:.2} s for a load of {} (its list said it was loaded; idle past the keep-alive, the next request there expects it)",
+                "node {}: waited {load:.2} s for a load of {} (its list said it was loaded; {}, the next request there expects it)",
                 c.node_id,
-                c.model
+                c.model,
+                if idle.switch {
+                    "another model was sent there since"
+                } else {
+                    "idle past the keep-alive"
+                }
             );
         }
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
+        o.switch = idle.switch;
     }
     let loaded_first = c.cold || o.idle_load_s.is_some_and(|l| l > 0.0);
     if let Some(t) = c.seat_test.filter(|_| !loaded_first) {

@@ -144,6 +144,7 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
                 cold: false,
                 predicted_s: None,
                 predicted_run_s: None,
+                predicted_first_s: None,
                 seat_test: None,
                 idle: None,
             },

@@ -113,6 +113,15 @@ impl Lease {
         self.end = Some((id, progress));
     }
 
+    /// The streamed request sent at `sent_ms` is predicted to have its first token at
+    /// `due_ms` (after `expect_end`): routing sees it stalled if it is much later
+    /// (`fleet::STALL_LATE`).
+    pub fn expect_first(&self, sent_ms: u64, due_ms: u64) {
+        if let Some((_, p)) = &self.end {
+            p.expect_first(sent_ms, due_ms);
+        }
+    }
+
     /// The request was predicted from priors only (completion mode, at its send): no end is
     /// recorded for its seat, but its answer's pace is published like one with an end — right
     /// after a start those answers are all there is to tell how fast a node streams.
@@ -128,6 +137,11 @@ impl Lease {
         if let Some((_, p)) = &self.end {
             p.chunk(chunks, now_ms);
         }
+    }
+
+    /// The request holding the seat is sent (`NodeState::sent`).
+    pub fn sent(&self) {
+        self.node_state.sent(&self.counters);
     }
 
     /// The request is sent with `tokens` to prefill: they are in the node's prefill queue

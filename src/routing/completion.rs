@@ -15,8 +15,11 @@
 //!           same load meanwhile); one past its time: as long again as it has overrun.
 //!           Listed as loaded on a node that hides its loads (`backend: openai`), idle past
 //!           `completion_keep_alive_s`: the load the pair's requests after such a spell
-//!           waited for (zeros count), else the model's other pairs' (`idle_load_s`);
-//!           sent while such a request waits for its first byte: what is left of that load
+//!           waited for (zeros count), else the model's other pairs' (`idle_load_s`); not
+//!           idle, but another model was sent to the node since the pair's last request: the
+//!           load the pair's requests after such a swap waited for (`switch_load_s`, its own
+//!           only); sent while such a request waits for its first byte: what is left of that
+//!           load
 //! prefill = overhead + (prompt - cached) / prefill_tps   cached: only on the node holding it
 //! decode  = output_tokens x spt(c)           spt(c) = (spt1 + per_stream x (c - 1)) x pace
 //!                                            c - 1 = the streams beside it on average over
@@ -340,6 +343,7 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
             Rates {
                 load_s: x.rates.load_s,
                 idle_load_s: x.rates.idle_load_s,
+                switch_load_s: x.rates.switch_load_s,
                 observed: 0,
                 last_ms: None,
                 gap_s: None,
@@ -364,6 +368,7 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
                 Rates {
                     load_s: x.rates.load_s,
                     idle_load_s: x.rates.idle_load_s,
+                    switch_load_s: x.rates.switch_load_s,
                     ..peers.mean
                 },
                 !waited,
@@ -559,7 +564,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .is_some_and(|ctx| ctx > 0 && u64::from(ctx) < x.needed_tokens);
     let overlaps = known_wait.is_some()
         && x.load.in_flight > 0
-        && (!x.model.loaded || (!reload && joined_s(x).is_some()));
+        && (!x.model.loaded || (!reload && spell(p, x).is_some_and(|s| s.joined.is_some())));
     let load_s = if overlaps {
         (load_s(p, x) - seat_wait_s).max(0.0)
     } else {
@@ -633,16 +638,18 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         explored: explored && !optimistic,
         twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
-        idle: (x.model.loaded && (pair_idle(p, x) || joined_s(x).is_some())).then_some(
-            IdleExpect {
+        idle: spell(p, x)
+            .filter(|_| x.model.loaded)
+            .map(|spell| IdleExpect {
                 first_s: wait_s + unexplored.0,
                 spt: unexplored.1,
                 guessed: from_priors,
                 prompt_tokens: x.req.prompt_tokens - cached,
-                joined: joined_s(x).is_some(),
-                load_s: known_idle_load(x),
-            },
-        ),
+                joined: spell.joined.is_some(),
+                switch: spell.switch,
+                stalled_since_ms: spell.stalled_since_ms,
+                load_s: spell.known_s,
+            }),
     }
 }
 
@@ -764,29 +771,94 @@ pub(super) fn pair_idle(p: &Policy, x: &Input<'_>) -> bool {
             .is_none_or(|t| x.now_ms.saturating_sub(t) > keep_ms)
 }
 
-/// A model the node lists as loaded, on a node that hides its loads, idle past the keep-alive:
-/// the load the pair's requests after such spells waited for (its zeros count; mostly the
-/// last spell's),
-/// else the model's other pairs' (an untried pair's first request is one: of a model that is
-/// loaded on one box of fourteen and on disk on the rest, what the first tries showed).
-/// A request sent now joins one sent to the idle pair that has had no first byte yet: it
-/// waits for the rest of that load, charged as a cold load under way is (`load_s`).
-fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
-    let joined = joined_s(x);
-    if joined.is_none() && !pair_idle(p, x) {
-        return 0.0;
-    }
-    known_idle_load(x).map_or(0.0, |l| left_of(l, joined))
+/// A spell in which a request to the pair, on a node that hides its loads, may wait for a load
+/// first: the pair is idle past the keep-alive, or another model was sent to the node since
+/// its last request (a server that swaps models may have pushed it out), or a request sent in
+/// such a spell has had no first byte yet (`joined`: how long it has been under way).
+#[derive(Debug, Clone, Copy)]
+struct Spell {
+    joined: Option<f64>,
+    /// Seen, not foreseen: a request sent at this ms is stalled before its first token, and
+    /// no spell was known (the send that joins it starts one then).
+    stalled_since_ms: Option<u64>,
+    /// A request of the spell is stalled (`LiveDecode::stalled_since_ms`): under way for
+    /// sure, however long a load is known to take.
+    stalled: bool,
+    /// Begun by the swap alone (its load is `Rates::switch_load_s`).
+    switch: bool,
+    /// The load it is known to bring (`None`: nothing known).
+    known_s: Option<f64>,
 }
 
-/// Seconds a load the node hides has been under way on the pair: a request sent to it idle
-/// past the keep-alive is still waiting for its first byte (`ModelLoad::hidden_load_since_ms`).
-/// Past twice the load the pair is known for, it is taken as over (a long prefill, or an
-/// answer slow to start), not as a load that keeps growing.
-fn joined_s(x: &Input<'_>) -> Option<f64> {
+fn spell(p: &Policy, x: &Input<'_>) -> Option<Spell> {
+    if !x.node.hides_loads {
+        return None;
+    }
+    let running = x.load.in_flight > 0;
+    // A request stalled before its first token is taken as a load under way since its send
+    // (a swap, unless a spell began before it).
+    let stalled = x.live.and_then(|l| l.stalled_since_ms).filter(|_| running);
+    let spell_since = x.load.hidden_load_since_ms.filter(|_| running);
+    // A spell under way is joined (below) whatever began it; a new one begins when the pair
+    // is idle past the keep-alive or displaced.
+    let (begins, switch) = match (spell_since, stalled) {
+        (Some(_), _) => (false, x.load.hidden_load_switch),
+        (None, Some(_)) => (false, true),
+        (None, None) => {
+            let idle = pair_idle(p, x);
+            let displaced = !idle && !x.load.busy() && x.load.displaced;
+            (idle || displaced, displaced)
+        }
+    };
+    let known_s = if switch {
+        x.rates.switch_load_s
+    } else {
+        known_idle_load(x)
+    }
+    .filter(|l| l.is_finite())
+    .map(|l| l.max(0.0));
+    let under_way = |since: u64| x.now_ms.saturating_sub(since) as f64 / 1000.0;
+    let joined = match (spell_since, stalled) {
+        (Some(a), Some(b)) => Some(under_way(a.min(b))),
+        (None, Some(b)) => Some(under_way(b)),
+        _ => joined_s(x, known_s),
+    };
+    (begins || joined.is_some()).then_some(Spell {
+        joined,
+        stalled_since_ms: stalled.filter(|_| spell_since.is_none()),
+        stalled: stalled.is_some(),
+        switch,
+        known_s,
+    })
+}
+
+/// A model the node lists as loaded, on a node that hides its loads, in a spell (`spell`): the
+/// load the pair's requests after such spells waited for (its zeros count; mostly the last
+/// spell's); after an idle one, else the model's other pairs' (an untried pair's first request
+/// is one: of a model that is loaded on one box of fourteen and on disk on the rest, what the
+/// first tries showed). A request sent now joins one sent in the spell that has had no first
+/// byte yet: it waits for the rest of that load, charged as a cold load under way is
+/// (`load_s`).
+///
+/// A stalled one with no load known is expected to take as long again as it has been under way.
+fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
+    spell(p, x)
+        .and_then(|s| match (s.known_s, s.stalled) {
+            (Some(l), _) => Some(left_of(l, s.joined)),
+            (None, true) => s.joined,
+            (None, false) => None,
+        })
+        .unwrap_or(0.0)
+}
+
+/// Seconds a load the node hides has been under way on the pair: a request sent to it in a
+/// spell is still waiting for its first byte (`ModelLoad::hidden_load_since_ms`). Past twice
+/// the load the pair is `known` for, it is taken as over (a long prefill, or an answer slow to
+/// start), not as a load that keeps growing.
+fn joined_s(x: &Input<'_>, known: Option<f64>) -> Option<f64> {
     let since = x.load.hidden_load_since_ms?;
     let under_way = x.now_ms.saturating_sub(since) as f64 / 1000.0;
-    let known = known_idle_load(x).map_or(f64::INFINITY, |l| 2.0 * l);
+    let known = known.map_or(f64::INFINITY, |l| 2.0 * l);
     (x.node.hides_loads && x.load.in_flight > 0 && under_way <= known).then_some(under_way)
 }
 
@@ -801,8 +873,6 @@ fn known_idle_load(x: &Input<'_>) -> Option<f64> {
     x.rates
         .idle_load_s
         .or(x.peer.and_then(|peers| peers.idle_load_s))
-        .filter(|l| l.is_finite())
-        .map(|l| l.max(0.0))
 }
 
 #[cfg(test)]

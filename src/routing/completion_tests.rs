@@ -1217,6 +1217,8 @@ fn a_late_first_token_is_a_load_a_slow_node_is_not() {
         guessed: false,
         prompt_tokens: 1_000,
         joined: false,
+        switch: false,
+        stalled_since_ms: None,
         load_s: None,
     };
     let none = (0.0, 0.0);
@@ -1288,4 +1290,120 @@ fn a_model_of_unknown_size_is_not_priced_as_instant() {
     let b = predicted(&d, 1);
     assert!(b.decode_tps < 20.0, "8 GB at 100 GB/s: {b:?}");
     assert_eq!(d.winner().unwrap().node_id, "a", "{b:?}");
+}
+
+/// Nodes that hide their loads: `a` serves `m` (seen just now) and may swap it out for `n`;
+/// `b` serves `m` alone, at the same speed.
+fn a_swaps() -> FleetView {
+    let mut f = alike(&["a", "b"], 0.0);
+    f.nodes[0].models.push(loaded("n", 0.0));
+    for n in &mut f.nodes {
+        n.hides_loads = true;
+    }
+    f
+}
+
+/// A server that swaps models (llama-swap, LM Studio, Ollama on a small GPU): once another
+/// model was sent to `a` after `m`'s last request, `m`'s next request there waits for the swap
+/// its earlier such requests showed (1.5 s), and goes to `b`; its answer will tell whether it
+/// did (a swap spell, learned apart from idle ones). A node where the two stay in memory
+/// together learned 0 and is charged nothing; before another model was sent, nothing either.
+#[test]
+fn a_swap_a_node_hides_is_expected_after_another_model_was_sent_there() {
+    let r = req(&["m"], 500);
+    let f = a_swaps();
+    let swapped = |switch: Option<f64>, displaced: bool| {
+        TableLoads::default()
+            .rated(
+                0,
+                "m",
+                Rates {
+                    switch_load_s: switch,
+                    ..seen(100.0)
+                },
+            )
+            .rated(1, "m", seen(100.0))
+            .with(
+                0,
+                "m",
+                ModelLoad {
+                    displaced,
+                    ..ModelLoad::default()
+                },
+            )
+    };
+    let d = at(&r, &f, &swapped(Some(1.5), true));
+    let p = predicted(&d, 0);
+    assert_near(p.load_s, 1.5, &p);
+    assert_eq!(d.winner().unwrap().node_id, "b");
+    let idle = d.ranked.iter().find(|c| c.node_id == "a").unwrap().idle;
+    assert!(
+        idle.is_some_and(|i| i.switch && !i.joined && i.load_s == Some(1.5)),
+        "{idle:?}"
+    );
+    // Learned to stay in memory beside the other model: no charge, still told apart.
+    let d = at(&r, &f, &swapped(Some(0.0), true));
+    assert_eq!(predicted(&d, 0).load_s, 0.0);
+    assert!(d
+        .ranked
+        .iter()
+        .any(|c| c.node_id == "a" && c.idle.is_some()));
+    // `m` was the last model sent there: no swap.
+    let d = at(&r, &f, &swapped(Some(1.5), false));
+    assert_eq!(predicted(&d, 0).load_s, 0.0);
+    assert!(d.ranked.iter().all(|c| c.idle.is_none()));
+    // A node that says what it has loaded is charged what it says.
+    let mut told = f.clone();
+    told.nodes[0].hides_loads = false;
+    let d = at(&r, &told, &swapped(Some(1.5), true));
+    assert_eq!(predicted(&d, 0).load_s, 0.0);
+}
+
+/// A streamed request to `a` sent 800 ms ago has had no first token though one was due in
+/// tens of milliseconds (`LiveDecode::stalled_since_ms`): on a node that hides its loads, the
+/// node is taken to be loading the model unseen. With no load known, one sent now waits as
+/// long again as the stall has lasted (0.8 s) and goes to `b`; with a 2 s swap known, what is
+/// left of it (1.2 s). It is marked to join that load (its send starts the spell at the
+/// stalled one's). A node that says its loads is left to what it says.
+#[test]
+fn a_stalled_first_token_on_a_node_that_hides_its_loads_is_a_load_under_way() {
+    let r = req(&["m"], 500);
+    let f = a_swaps();
+    let now = 1_000_000;
+    let stalled = |switch: Option<f64>| {
+        let live = LiveDecode {
+            stalled_since_ms: Some(now - 800),
+            ..LiveDecode::default()
+        };
+        let mut loads = TableLoads::default()
+            .rated(
+                0,
+                "m",
+                Rates {
+                    switch_load_s: switch,
+                    ..seen(100.0)
+                },
+            )
+            .rated(1, "m", seen(100.0))
+            .with(0, "m", queue(1, 0))
+            .ending(0, "m", &[2.0]);
+        loads.live.push((0, "m".to_string(), live));
+        loads
+    };
+    let d = at(&r, &f, &stalled(None));
+    let p = predicted(&d, 0);
+    assert_near(p.load_s, 0.8, &p);
+    assert_eq!(d.winner().unwrap().node_id, "b");
+    let idle = d.ranked.iter().find(|c| c.node_id == "a").unwrap().idle;
+    assert!(
+        idle.is_some_and(|i| i.joined && i.switch && i.stalled_since_ms == Some(now - 800)),
+        "{idle:?}"
+    );
+    let d = at(&r, &f, &stalled(Some(2.0)));
+    let p = predicted(&d, 0);
+    assert!((p.load_s - 1.2).abs() < 1e-9, "{p:?}");
+    let mut told = f.clone();
+    told.nodes[0].hides_loads = false;
+    let d = at(&r, &told, &stalled(None));
+    assert_eq!(predicted(&d, 0).load_s, 0.0);
 }

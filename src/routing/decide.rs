@@ -361,15 +361,16 @@ fn decide_once(
             let model = &req.models[c.model];
             // Ranked by total + imposed; reported: the request's own finish.
             let node = &fleet.nodes[c.node];
-            let (predicted_s, run_s, seat_test, idle) =
+            let (predicted_s, run_s, first_s, seat_test, idle) =
                 match &table[c.node * n_models + c.model].verdict {
                     Verdict::Predicted { prediction: p } => (
                         Some(p.total_s),
                         (!p.from_priors).then_some(p.total_s - p.wait_s),
+                        (!p.from_priors).then_some(p.total_s - p.decode_s),
                         seat_test(p, node, c.loaded, || loads.node_decoding(c.node)),
                         p.idle,
                     ),
-                    _ => (None, None, None, None),
+                    _ => (None, None, None, None, None),
                 };
             Choice {
                 node: c.node,
@@ -380,6 +381,7 @@ fn decide_once(
                 cold: !c.loaded,
                 predicted_s,
                 predicted_run_s: run_s.filter(|s| s.is_finite()),
+                predicted_first_s: first_s.filter(|s| s.is_finite()),
                 seat_test,
                 idle,
             }

@@ -60,6 +60,7 @@ impl TableLoads {
             tokens,
             streams: 1,
             node_decoding: decoding,
+            stalled_since_ms: None,
         };
         self.live.push((idx, model.to_string(), live));
         self

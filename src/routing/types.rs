@@ -214,6 +214,13 @@ pub struct ModelLoad {
     /// keep-alive went out, ms, while the pair has sent no first byte since (it may be loading
     /// unseen, and a request sent now waits for the rest of that load).
     pub hidden_load_since_ms: Option<u64>,
+    /// That spell began because another model had been sent to the node since the pair's last
+    /// request (`displaced`), not because the pair sat idle past the keep-alive.
+    pub hidden_load_switch: bool,
+    /// On the node, another model was sent a request after this pair's last one: behind a
+    /// server that swaps models (llama-swap, LM Studio, a small GPU) it may have pushed this
+    /// one out of memory.
+    pub displaced: bool,
 }
 
 impl ModelLoad {
@@ -246,6 +253,11 @@ pub struct LiveDecode {
     pub tokens: f64,
     pub streams: u32,
     pub node_decoding: u32,
+    /// When the first-sent of the pair's streamed requests that are stalled went out (ms):
+    /// no first token yet, `STALL_LATE` times later than predicted and at least
+    /// `STALL_MIN_MS` late (`fleet::SeatEnds::read`). A node that hides its loads is then
+    /// taken to be loading the model unseen (`routing::completion`).
+    pub stalled_since_ms: Option<u64>,
 }
 
 /// Live load, read at decision time (atomics in the proxy, plain maps in tests).
@@ -315,6 +327,11 @@ pub struct Rates {
     /// model in memory); a decayed mean, so with spells minutes apart, mostly what the last
     /// one showed; `None` until such a request was answered.
     pub idle_load_s: Option<f64>,
+    /// As `idle_load_s`, for a request sent after another model was (`ModelLoad::displaced`)
+    /// and not idle past the keep-alive: how long the node takes to swap this model back in
+    /// (0: the two stay in memory together). The pair's own only: what a swap costs depends on
+    /// what the node's memory holds beside it.
+    pub switch_load_s: Option<f64>,
     /// Seconds a request held its seat (dispatch to end).
     pub service_s: Option<f64>,
     /// Output tokens per response.
@@ -534,6 +551,10 @@ pub struct Choice {
     /// decode; not the wait for a seat): its seat's predicted end once sent (`Loads::seat_ends`).
     #[serde(skip)]
     pub predicted_run_s: Option<f64>,
+    /// Completion mode: of that, the seconds from its send to its first token (load and
+    /// prefill): when a streamed answer is overdue (`LiveDecode::stalled_since_ms`).
+    #[serde(skip)]
+    pub predicted_first_s: Option<f64>,
     /// Completion mode, a warm pair sent at once to a node whose seats were all taken: what
     /// its answer tests about the node's seats (`fleet::sharing`).
     #[serde(skip)]
@@ -564,6 +585,12 @@ pub struct IdleExpect {
     /// Placed to join a load under way (a request sent to the idle pair has had no first
     /// byte yet), not to start one.
     pub joined: bool,
+    /// The spell is a swap (`ModelLoad::displaced`), not an idle past the keep-alive: its load
+    /// is learned as `Rates::switch_load_s`.
+    pub switch: bool,
+    /// The spell was seen, not foreseen: a request sent to the pair at this ms is stalled
+    /// (`LiveDecode::stalled_since_ms`); the spell is taken to have begun then.
+    pub stalled_since_ms: Option<u64>,
     /// The load it may wait for (`Rates::idle_load_s`, else the model's other pairs'; whole,
     /// also for a request that joins one under way and is charged only what is left); `None`
     /// when nothing was known of the node's loads: then it has no first-byte timeout (a load

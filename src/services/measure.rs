@@ -385,6 +385,7 @@ async fn ask(
         load_s,
         load_under_way_s: 0.0,
         idle_load_s: None,
+        switch: false,
         concurrency: 1,
         decode_streams: None,
         prior_prefill_tps,
