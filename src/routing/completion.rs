@@ -60,8 +60,9 @@
 //! taken as rate, too slow) is raised to that mean with its overhead until the pair measures one.
 //!
 //! Exploration: a pair never observed is taken as a typical node of the model (the mean of the
-//! observed ones, `peer`), so an untried node gets a request when a typical node would finish
-//! it sooner than the known ones at their load; once the model has been served for
+//! observed ones, `peer`) as much slower or faster as its node was than the fleet on the
+//! models they both served or it streams now (`NodePace`), so an untried node gets a request
+//! when such a node would finish it sooner than the known ones at their load; once the model has been served for
 //! `completion_explore_after_s`, an untried node gets the exploring discount below as well.
 //! A pair whose node the config describes as the same machine as one that answered the model
 //! (`Input::twin`, `NodeView::twin_key`) is priced as that one, undiscounted. A pair with no
@@ -151,6 +152,9 @@ pub(super) struct Input<'a> {
     /// The best prefill and decode its node has shown on other models; set (by the caller)
     /// only for a pair never observed.
     pub node_best: Option<Rates>,
+    /// How many times slower than the fleet its node was on the models they both served
+    /// ([`NodePace`]); set (by the caller) only for a pair never observed.
+    pub node_pace: Option<NodePace>,
     /// The same model's rates on a node the config describes as the same machine
     /// ([`NodeView::twin_key`]): how a pair never observed is expected to do; set (by the
     /// caller) only for such a pair, from the twin that answered last.
@@ -170,6 +174,71 @@ pub(super) struct Input<'a> {
 }
 
 const MIN_SPT: f64 = 1e-4;
+
+/// How many times slower than the other nodes that served the same models a node was, over the
+/// models it served (geometric means; below 1: faster): a pair it never served is expected at
+/// its model's typical rates times this. A laptop three times slower than the fleet on the
+/// small model is not tried on the mid one as if it were a typical node of it (the user fleet,
+/// nodes by URL only: a 7,000-token prompt sent to it waited 4 s where the GPUs answer in 0.3).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct NodePace {
+    /// Seconds per output token over the others'.
+    pub decode: f64,
+    /// The others' prompt tokens/s over its own (`None`: no prefill rate of its, read off
+    /// prompts of several lengths, beside another node's of the same model).
+    pub prefill: Option<f64>,
+}
+
+/// Sums of the logs of the rates the fleet observed for one model (`node_pace`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogRates {
+    spt: (f64, u32),
+    prefill: (f64, u32),
+}
+
+impl LogRates {
+    /// One observed pair's rates.
+    pub fn add(&mut self, r: &Rates) {
+        if let Some(spt) = positive(r.decode_spt) {
+            self.spt.0 += spt.ln();
+            self.spt.1 += 1;
+        }
+        if let Some(tps) = positive(r.prefill_tps).filter(|_| !r.prefill_floor) {
+            self.prefill.0 += tps.ln();
+            self.prefill.1 += 1;
+        }
+    }
+}
+
+/// A node's [`NodePace`] from `(its rates, the fleet's LogRates, whether its rates are among
+/// those)` for each model it served or is streaming; `None` when no model it served was served
+/// elsewhere.
+pub fn node_pace(served: impl IntoIterator<Item = (Rates, LogRates, bool)>) -> Option<NodePace> {
+    let (mut decode, mut prefill) = ((0.0, 0u32), (0.0, 0u32));
+    for (r, all, included) in served {
+        // Its log rate less the mean of the others' (the sums less its own term).
+        let versus = |own: Option<f64>, (sum, n): (f64, u32)| {
+            let own = positive(own)?.ln();
+            let (sum, n) = if included {
+                (sum - own, n.checked_sub(1)?)
+            } else {
+                (sum, n)
+            };
+            (n >= 1).then(|| own - sum / f64::from(n))
+        };
+        if let Some(d) = versus(r.decode_spt, all.spt) {
+            decode = (decode.0 + d, decode.1 + 1);
+        }
+        if let Some(p) = versus(r.prefill_tps.filter(|_| !r.prefill_floor), all.prefill) {
+            prefill = (prefill.0 - p, prefill.1 + 1);
+        }
+    }
+    let mean = |(sum, n): (f64, u32)| (n > 0).then(|| (sum / f64::from(n)).exp());
+    Some(NodePace {
+        decode: mean(decode)?,
+        prefill: mean(prefill),
+    })
+}
 
 fn positive(x: Option<f64>) -> Option<f64> {
     x.filter(|v| v.is_finite() && *v > 0.0)
@@ -364,12 +433,29 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
                 && peers.since_ms.is_some_and(|t| {
                     x.now_ms.saturating_sub(t) > p.completion_explore_after_s.saturating_mul(1000)
                 });
+            // A typical node of the model, as much slower (or faster) as the node was than
+            // the fleet on the models they both served.
+            let typical = match x.node_pace {
+                Some(pace) => Rates {
+                    decode_spt: peers.mean.decode_spt.map(|s| s * pace.decode),
+                    decode_spt_per_stream: peers
+                        .mean
+                        .decode_spt_per_stream
+                        .map(|s| s * pace.decode),
+                    prefill_tps: peers
+                        .mean
+                        .prefill_tps
+                        .map(|t| t / pace.prefill.unwrap_or(1.0)),
+                    ..peers.mean
+                },
+                None => peers.mean,
+            };
             (
                 Rates {
                     load_s: x.rates.load_s,
                     idle_load_s: x.rates.idle_load_s,
                     switch_load_s: x.rates.switch_load_s,
-                    ..peers.mean
+                    ..typical
                 },
                 !waited,
             )
@@ -905,6 +991,7 @@ mod tests {
             rates,
             peer: None,
             node_best: None,
+            node_pace: None,
             twin: None,
             needed_tokens: 2_000,
             now_ms: 1_000_000,

@@ -1407,3 +1407,54 @@ fn a_stalled_first_token_on_a_node_that_hides_its_loads_is_a_load_under_way() {
     let d = at(&r, &told, &stalled(None));
     assert_eq!(predicted(&d, 0).load_s, 0.0);
 }
+
+/// A node three to six times slower than the fleet on the model it served is expected as much
+/// slower on one it never served: the laptop's untried `mid` is priced at the model's typical
+/// rates over its pace on `small` (against the GPU and the workstation, geometric means), no
+/// faster than what it showed itself, not as a typical node of `mid` (150 tokens/s, 4,000
+/// prompt tokens/s); an answer it is streaming shows its decode pace before it ends. Before it
+/// served anything, or with nobody else on `small`, the typical node.
+#[test]
+fn an_untried_pair_is_priced_at_its_nodes_pace_against_the_fleet() {
+    let f = fleet_of_4_seats(vec![
+        node("laptop", vec![loaded("small", 2.0), loaded("mid", 9.0)]),
+        node("gpu", vec![loaded("small", 2.0), loaded("mid", 9.0)]),
+        node("ws", vec![loaded("small", 2.0), loaded("mid", 9.0)]),
+    ]);
+    let fleet = TableLoads::default()
+        .rated(1, "small", seen(300.0))
+        .rated(2, "small", seen(100.0))
+        .rated(1, "mid", seen(300.0))
+        .rated(2, "mid", seen(100.0));
+    let r = req(&["mid"], 2_000);
+    let typical = predicted(&at(&r, &f, &fleet), 0);
+    assert!((typical.decode_tps - 150.0).abs() < 1e-6, "{typical:?}");
+    assert!((typical.prefill_tps - 4_000.0).abs() < 1e-6, "{typical:?}");
+
+    let slow = fleet.clone().rated(0, "small", seen(30.0));
+    let p = predicted(&at(&r, &f, &slow), 0);
+    // Its pace: sqrt(300 x 100) / 30 = 5.77 times slower. Decode: no faster than its own 30.
+    let pace = (300.0f64 * 100.0).sqrt() / 30.0;
+    assert!((p.decode_tps - 30.0).abs() < 1e-6, "{p:?}");
+    assert!((p.prefill_tps - 4_000.0 / pace).abs() < 1e-6, "{p:?}");
+    assert_eq!(at(&r, &f, &slow).winner().unwrap().node_id, "gpu");
+
+    // Not answered yet, but streaming `small` at 30 tokens/s: the same decode pace (its
+    // prefill, not seen, is the typical node's).
+    let streaming = fleet
+        .clone()
+        .with(0, "small", queue(1, 0))
+        .streaming(0, "small", 1.0, 30.0, 1);
+    let p = predicted(&at(&r, &f, &streaming), 0);
+    // (beside that stream: a little slower still)
+    assert!((25.0..=30.0).contains(&p.decode_tps), "{p:?}");
+    assert!((p.prefill_tps - 4_000.0).abs() < 1e-6, "{p:?}");
+
+    // Alone on `small`: nothing to hold it against.
+    let alone = TableLoads::default()
+        .rated(0, "small", seen(30.0))
+        .rated(1, "mid", seen(300.0))
+        .rated(2, "mid", seen(100.0));
+    let p = predicted(&at(&r, &f, &alone), 0);
+    assert!((p.prefill_tps - 4_000.0).abs() < 1e-6, "{p:?}");
+}

@@ -156,12 +156,15 @@ fn decide_once(
     // and of every pair of a node whose seats are all taken (refilled per node).
     let mut ends: Vec<f64> = Vec::new();
     let mut node_ends: Vec<f64> = Vec::new();
+    // Completion mode: per model, the fleet's observed rates (read when an untried pair
+    // needs its node's pace, once per model).
+    let mut logs: Vec<(&str, completion::LogRates)> = Vec::new();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
         // Completion mode, the node full: what runs and waits on it across its models.
         let mut node_load: Option<ModelLoad> = None;
         // What the node has shown on its models, read once for all its untried pairs.
-        let mut shown: Option<Option<Rates>> = None;
+        let mut shown: Option<Shown> = None;
         let provisional = node.tier == Tier::Provisional;
         if provisional && node_in_flight > 0 {
             provisional_in_use += 1;
@@ -235,12 +238,8 @@ fn decide_once(
                                 node_prefilling: loads.node_prefilling(idx),
                                 rates: own,
                                 peer: peers[pos],
-                                node_best: if own.observed == 0 {
-                                    *shown
-                                        .get_or_insert_with(|| node_best(node, idx, loads, now_ms))
-                                } else {
-                                    None
-                                },
+                                node_best: None,
+                                node_pace: None,
                                 twin: twin(fleet, &rates, idx, pos, n_models),
                                 needed_tokens: needed,
                                 now_ms,
@@ -248,6 +247,18 @@ fn decide_once(
                                 node_load,
                                 node_ends: &node_ends,
                                 live,
+                            };
+                            let input = if own.observed == 0 {
+                                let s = *shown.get_or_insert_with(|| {
+                                    node_shown(fleet, node, idx, loads, now_ms, &mut logs)
+                                });
+                                Input {
+                                    node_best: s.best,
+                                    node_pace: s.pace,
+                                    ..input
+                                }
+                            } else {
+                                input
                             };
                             let prediction = completion::predict(policy, &input, 0);
                             let total = finite(-(prediction.total_s + prediction.imposed_s));
@@ -559,8 +570,16 @@ fn add_cached_prefix(
         let rates = post.rates[idx * n_models + pos];
         // As the first pass predicted it, the node's best for a pair it has not served
         // included: without it the owner of an untried model was priced at priors here.
-        let node_best =
-            (rates.observed == 0).then(|| node_best(node, idx, post.loads, post.now_ms));
+        let shown = (rates.observed == 0).then(|| {
+            node_shown(
+                post.fleet,
+                node,
+                idx,
+                post.loads,
+                post.now_ms,
+                &mut Vec::new(),
+            )
+        });
         let mut ends = Vec::new();
         let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
         let node_in_flight = post.loads.node_in_flight(idx);
@@ -582,7 +601,8 @@ fn add_cached_prefix(
             node_prefilling: post.loads.node_prefilling(idx),
             rates,
             peer: post.peers[pos],
-            node_best: node_best.flatten(),
+            node_best: shown.and_then(|s| s.best),
+            node_pace: shown.and_then(|s| s.pace),
             twin: twin(post.fleet, post.rates, idx, pos, n_models),
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
@@ -626,21 +646,34 @@ fn add_session_affinity(
     }
 }
 
-/// The fastest prefill and decode node `idx` has shown on any of its models (only those two
-/// rates set; None when it has shown nothing): how a pair it has not served yet is at least
-/// expected to do. Shown: the rates of the responses it has answered, and the pace of the
-/// answers it is streaming now (seconds over tokens past their first, beside the streams
-/// decoding with them). Right after a start no response has ended anywhere and every pair is
-/// priced at priors that can be tens of times off: the home-lab bench's workstation, streaming
-/// at 400 tokens/s, lost its first small requests to laptops at 100 because both were
-/// priors.
-fn node_best(
+/// What node `idx` has shown on its models, for a pair of it never observed.
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    /// The fastest prefill and decode it has shown on any of its models (only those two rates
+    /// set; None when it has shown nothing): how a pair it has not served yet is at least
+    /// expected to do. Shown: the rates of the responses it has answered, and the pace of the
+    /// answers it is streaming now (seconds over tokens past their first, beside the streams
+    /// decoding with them). Right after a start no response has ended anywhere and every pair
+    /// is priced at priors that can be tens of times off: the home-lab bench's workstation,
+    /// streaming at 400 tokens/s, lost its first small requests to laptops at 100 because both
+    /// were priors.
+    best: Option<Rates>,
+    /// How much slower than the fleet it was on the models it served or streams now
+    /// (`completion::NodePace`).
+    pace: Option<completion::NodePace>,
+}
+
+/// `logs`: per model, the fleet's observed rates, filled as needed (shared across nodes).
+fn node_shown<'f>(
+    fleet: &'f FleetView,
     node: &super::types::NodeView,
     idx: usize,
     loads: &dyn Loads,
     now_ms: u64,
-) -> Option<Rates> {
+    logs: &mut Vec<(&'f str, completion::LogRates)>,
+) -> Shown {
     let mut best: Option<Rates> = None;
+    let mut served = Vec::new();
     let mut ends = Vec::new();
     for m in &node.models {
         let r = loads.rates(idx, &m.name);
@@ -648,16 +681,56 @@ fn node_best(
             let b = best.get_or_insert(Rates::default());
             b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
             b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
+            served.push((r, fleet_logs(fleet, loads, &m.name, logs), true));
         }
         let load = loads.model(idx, &m.name);
         let live = seat_ends(loads, idx, &m.name, &load, now_ms, &mut ends)
             .filter(|l| l.tokens > 0.0 && l.secs > 0.0);
         if let Some(l) = live {
+            let spt = l.secs / l.tokens;
             let b = best.get_or_insert(Rates::default());
-            b.decode_spt = completion::better(b.decode_spt, Some(l.secs / l.tokens), f64::min);
+            b.decode_spt = completion::better(b.decode_spt, Some(spt), f64::min);
+            // Not answered yet, streaming: its pace so far says how fast the node decodes.
+            if r.observed == 0 {
+                let streaming = Rates {
+                    decode_spt: Some(spt),
+                    ..Rates::default()
+                };
+                served.push((streaming, fleet_logs(fleet, loads, &m.name, logs), false));
+            }
         }
     }
-    best
+    Shown {
+        best,
+        pace: completion::node_pace(served),
+    }
+}
+
+/// The observed rates of every pair of `model` in the fleet (`logs` keeps them per model).
+fn fleet_logs<'f>(
+    fleet: &'f FleetView,
+    loads: &dyn Loads,
+    model: &str,
+    logs: &mut Vec<(&'f str, completion::LogRates)>,
+) -> completion::LogRates {
+    if let Some((_, l)) = logs.iter().find(|(m, _)| *m == model) {
+        return *l;
+    }
+    let mut all = completion::LogRates::default();
+    let mut name = None;
+    for (j, n) in fleet.nodes.iter().enumerate() {
+        if let Some(m) = n.model(model) {
+            name.get_or_insert(m.name.as_str());
+            let r = loads.rates(j, model);
+            if r.observed > 0 {
+                all.add(&r);
+            }
+        }
+    }
+    if let Some(name) = name {
+        logs.push((name, all));
+    }
+    all
 }
 
 /// For a pair never observed, the same model's rates on the node of the same machine
