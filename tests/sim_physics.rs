@@ -216,3 +216,39 @@ async fn prefill_parallel_makes_prompts_wait_their_turn() {
     }
     h.shutdown().await;
 }
+
+/// A model's `speed` scales the node's rates for it: at 0.1, 4,000 prompt tokens at the
+/// node's 40,000/s take >= 1 s to prefill and 12 tokens at its 2,000/s take >= 11 x 5 ms;
+/// the node's other model runs at the node's rates.
+#[tokio::test]
+async fn a_models_speed_scales_the_nodes_rates_for_it() {
+    let mut sp = spec();
+    sp.prefill_tokens_per_sec = Some(40_000.0);
+    sp.models[0].context = 65_536;
+    sp.models[1].speed = 0.1;
+    sp.models[1].context = 65_536;
+    let (h, base, c) = node(sp).await;
+    let ask =
+        |model: &str| json!({"model": model, "prompt": "word ".repeat(4_000), "stream": false});
+    let (s, slow) = post(&c, format!("{base}/api/generate"), ask("qwen2.5:7b")).await;
+    assert_eq!(s, 200, "{slow}");
+    assert!(
+        ns(&slow, "prompt_eval_duration") >= Duration::from_secs(1),
+        "{slow}"
+    );
+    assert!(
+        ns(&slow, "eval_duration") >= Duration::from_millis(55),
+        "{slow}"
+    );
+    let (s, fast) = post(&c, format!("{base}/api/generate"), ask("llama3.2:3b")).await;
+    assert_eq!(s, 200, "{fast}");
+    assert!(
+        ns(&fast, "prompt_eval_duration") < Duration::from_millis(500),
+        "{fast}"
+    );
+    assert!(
+        ns(&fast, "eval_duration") < Duration::from_millis(50),
+        "{fast}"
+    );
+    h.shutdown().await;
+}

@@ -53,6 +53,8 @@ pub(crate) struct Plan {
     pub seed: u64,
     pub keep_alive: KeepAlive,
     pub chain: Chain,
+    /// The model's rates relative to the node's (`SimModel::speed`).
+    pub speed: f64,
 }
 
 /// Counts and durations of a finished request.
@@ -112,6 +114,7 @@ pub(crate) fn plan(ctl: &SimControl, ask: &Ask) -> Result<Plan, Reject> {
         seed: SplitMix::new(ctl.spec.seed ^ ask.hash).next_u64(),
         keep_alive: ask.keep_alive,
         chain: ask.chain.clone(),
+        speed: m.speed,
     })
 }
 
@@ -234,13 +237,13 @@ pub(crate) struct Generation {
     due: Instant,
 }
 
-/// Time to first token once loaded: `ttft_ms` plus the uncached prompt at the prefill rate,
-/// both stretched by the run-time slowdown.
-fn prefill_time(ctl: &SimControl, uncached: u32) -> Duration {
+/// Time to first token once loaded: `ttft_ms` plus the uncached prompt at the prefill rate
+/// (times the model's `speed`), both stretched by the run-time slowdown.
+fn prefill_time(ctl: &SimControl, uncached: u32, speed: f64) -> Duration {
     let slow = ctl.slowdown();
     let mut secs = ctl.spec.ttft_ms as f64 / 1000.0;
     if let Some(rate) = ctl.spec.prefill_tokens_per_sec {
-        secs += f64::from(uncached) / rate;
+        secs += f64::from(uncached) / (rate * speed);
     }
     Duration::from_secs_f64(secs * slow)
 }
@@ -277,7 +280,7 @@ pub(crate) async fn admit(
             Some(p) => Some(p.clone().acquire_owned().await.map_err(|_| Killed)?),
             None => None,
         };
-        sleep(prefill_time(&c, uncached)).await;
+        sleep(prefill_time(&c, uncached, plan.speed)).await;
         drop(turn);
         c.prefix.lock().insert(plan.idx, chain);
         c.record_prefill(cached, uncached);
@@ -306,11 +309,11 @@ impl Generation {
         &self.ctl
     }
 
-    /// Time of one token now: `tokens_per_sec`, slowed by the requests decoding alongside
-    /// (`decode_contention`) and by the run-time slowdown.
+    /// Time of one token now: `tokens_per_sec` times the model's `speed`, slowed by the
+    /// requests decoding alongside (`decode_contention`) and by the run-time slowdown.
     fn per_token(&self) -> Duration {
         let others = f64::from(self.ctl.decoding().saturating_sub(1));
-        let rate = self.ctl.spec.tokens_per_sec
+        let rate = self.ctl.spec.tokens_per_sec * self.plan.speed
             / (1.0 + self.ctl.spec.decode_contention * others)
             / self.ctl.slowdown();
         Duration::from_secs_f64(1.0 / rate)

@@ -20,8 +20,9 @@
 //!   `prefill_tokens_per_sec` (at most `prefill_parallel` prompts at once when set, the
 //!   others wait their turn FIFO, in `prompt_eval_duration`) → first-token gate → first token, then one token every
 //!   `1/tokens_per_sec`, slowed to `tokens_per_sec / (1 + decode_contention × (n − 1))` while
-//!   `n` requests decode at once. [`SimControl::set_slowdown`] stretches ttft, prefill and
-//!   decode at run time. Headers are sent with the first token.
+//!   `n` requests decode at once; both rates times the model's `speed` (default 1: every model
+//!   at the node's rates; a 70b beside an 8b might be 0.12). [`SimControl::set_slowdown`]
+//!   stretches ttft, prefill and decode at run time. Headers are sent with the first token.
 //! - Prefix cache (`prefix_cache_entries` > 0): an LRU of processed prompts per model, as
 //!   cumulative hashes per chat message (raw prompts: per 1024-char block); the longest
 //!   matching leading run is not prefilled. A (re)load of the model empties its part.

@@ -84,6 +84,16 @@ pub struct SimModel {
     /// An embedding model (chat/generate on it answer 400).
     #[serde(default)]
     pub embedding: bool,
+    /// Its decode and prefill rates relative to the node's (`tokens_per_sec`,
+    /// `prefill_tokens_per_sec`): a token reads every weight once, so on the node that runs
+    /// its 8b at the node's rates a 70b might run at 0.12. Default 1: every model at the
+    /// node's rates.
+    #[serde(default = "default_speed")]
+    pub speed: f64,
+}
+
+fn default_speed() -> f64 {
+    1.0
 }
 
 fn default_seats() -> u32 {
@@ -139,6 +149,7 @@ impl SimModel {
             loaded: false,
             cold_load_ms: default_cold_load_ms(),
             embedding: false,
+            speed: default_speed(),
         }
     }
 }
@@ -181,6 +192,12 @@ impl SimSpec {
             }
             if m.context == 0 {
                 return Err(format!("sim: model '{}': context must be >= 1", m.name));
+            }
+            if !(m.speed.is_finite() && m.speed > 0.0) {
+                return Err(format!(
+                    "sim: model '{}': speed must be a positive number",
+                    m.name
+                ));
             }
         }
         Ok(())
