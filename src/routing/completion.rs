@@ -402,6 +402,8 @@ fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
 
 fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     let twin = x.twin.filter(|_| x.rates.observed == 0);
+    // The typical node at the node's pace, when that is the estimate.
+    let mut paced: Option<NodePace> = None;
     let (rates, optimistic) = match (twin, x.peer) {
         // A node configured as one that answered is priced as that one, not as the model's
         // best node: of two alike laptops, the second is not tried as if it were the
@@ -450,6 +452,7 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
                 },
                 None => peers.mean,
             };
+            paced = x.node_pace;
             (
                 Rates {
                     load_s: x.rates.load_s,
@@ -466,7 +469,17 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     // one: a node known to be quick is tried first, even while another probe is out. Only a
     // rate it made faster is optimism (no discount on it); one slower on its other models
     // leaves the estimate, and its discount, as they were.
-    match x.node_best {
+    // Not where its pace against the fleet made the estimate: its best is often a smaller
+    // model's, and per token a model reads and computes in proportion to its weights (a
+    // laptop's 8b at 150 tokens/s says nothing of its 14b but what the pace already says).
+    let nb = x.node_best.map(|nb| Rates {
+        decode_spt: nb.decode_spt.filter(|_| paced.is_none()),
+        prefill_tps: nb
+            .prefill_tps
+            .filter(|_| paced.is_none_or(|p| p.prefill.is_none())),
+        ..nb
+    });
+    match nb {
         Some(nb) => {
             let merged = Rates {
                 prefill_tps: better(rates.prefill_tps, nb.prefill_tps, f64::max),
