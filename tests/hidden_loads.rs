@@ -42,7 +42,12 @@ async fn stream(gw: &Gateway, pin: Option<&str>) -> (String, String) {
 
 /// The load `/fleet/explain` predicts for the request on `node`.
 async fn predicted_load(gw: &Gateway, node: &str) -> f64 {
-    let report = explain(gw, "/fleet/explain", &ask()).await;
+    predicted_load_of(gw, &ask(), node).await
+}
+
+/// The load `/fleet/explain` predicts for `body` on `node`.
+async fn predicted_load_of(gw: &Gateway, body: &Value, node: &str) -> f64 {
+    let report = explain(gw, "/fleet/explain", body).await;
     report["table"]
         .as_array()
         .and_then(|t| t.iter().find(|r| r["node"] == node))
@@ -199,19 +204,13 @@ fn a_swap_behind_the_model_list_is_learned_and_expected_after_another_model_ran(
             assert_eq!(pinned(&gw, model, "a").await, "0");
         }
         assert_eq!(a.control().stats().loads.len(), 4, "every one a load");
-        let report = explain(&gw, "/fleet/explain", &ask_for("x:1b")).await;
-        let load = |node: &str| {
-            report["table"]
-                .as_array()
-                .and_then(|t| t.iter().find(|r| r["node"] == node))
-                .and_then(|r| r["load_s"].as_f64())
-                .unwrap_or_else(|| panic!("no prediction for {node}: {report:#}"))
-        };
+        let x = ask_for("x:1b");
+        let on_a = predicted_load_of(&gw, &x, "a").await;
         assert!(
-            (0.8..1.5).contains(&load("a")),
-            "x:1b on a waits for the swap back: {report:#}"
+            (0.8..1.5).contains(&on_a),
+            "x:1b on a waits for the swap back: {on_a}"
         );
-        assert_eq!(load("b"), 0.0, "{report:#}");
+        assert_eq!(predicted_load_of(&gw, &x, "b").await, 0.0);
         for _ in 0..4 {
             let r = client()
                 .post(gw.url("/v1/chat/completions"))

@@ -1303,6 +1303,20 @@ fn a_swaps() -> FleetView {
     f
 }
 
+/// `a`'s `m` learned to swap in for `switch` seconds; `b`'s `m` alike, seen just now.
+fn swap_known(switch: Option<f64>) -> TableLoads {
+    TableLoads::default()
+        .rated(
+            0,
+            "m",
+            Rates {
+                switch_load_s: switch,
+                ..seen(100.0)
+            },
+        )
+        .rated(1, "m", seen(100.0))
+}
+
 /// A server that swaps models (llama-swap, LM Studio, Ollama on a small GPU): once another
 /// model was sent to `a` after `m`'s last request, `m`'s next request there waits for the swap
 /// its earlier such requests showed (1.5 s), and goes to `b`; its answer will tell whether it
@@ -1313,24 +1327,14 @@ fn a_swap_a_node_hides_is_expected_after_another_model_was_sent_there() {
     let r = req(&["m"], 500);
     let f = a_swaps();
     let swapped = |switch: Option<f64>, displaced: bool| {
-        TableLoads::default()
-            .rated(
-                0,
-                "m",
-                Rates {
-                    switch_load_s: switch,
-                    ..seen(100.0)
-                },
-            )
-            .rated(1, "m", seen(100.0))
-            .with(
-                0,
-                "m",
-                ModelLoad {
-                    displaced,
-                    ..ModelLoad::default()
-                },
-            )
+        swap_known(switch).with(
+            0,
+            "m",
+            ModelLoad {
+                displaced,
+                ..ModelLoad::default()
+            },
+        )
     };
     let d = at(&r, &f, &swapped(Some(1.5), true));
     let p = predicted(&d, 0);
@@ -1375,16 +1379,7 @@ fn a_stalled_first_token_on_a_node_that_hides_its_loads_is_a_load_under_way() {
             stalled_since_ms: Some(now - 800),
             ..LiveDecode::default()
         };
-        let mut loads = TableLoads::default()
-            .rated(
-                0,
-                "m",
-                Rates {
-                    switch_load_s: switch,
-                    ..seen(100.0)
-                },
-            )
-            .rated(1, "m", seen(100.0))
+        let mut loads = swap_known(switch)
             .with(0, "m", queue(1, 0))
             .ending(0, "m", &[2.0]);
         loads.live.push((0, "m".to_string(), live));
