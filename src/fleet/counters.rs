@@ -46,12 +46,16 @@ pub struct ModelCounters {
     /// [`LOADED`]: the model is known to be in, so a request still marked cold from before
     /// it came in starts nothing).
     load_since_ms: AtomicU64,
-    /// On a node that hides its loads (`backend: openai`): when the request sent to the pair
-    /// idle past the keep-alive went out, ms, until the pair's first byte (0: none under way).
-    /// A request sent meanwhile waits for the same unseen load.
+    /// On a node that hides its loads (`backend: openai`): when the spell's request went out
+    /// (sent to the pair idle past the keep-alive or displaced by another model, or a stalled
+    /// one's send), ms, until the pair's first byte (0: none under way). A request sent
+    /// meanwhile waits for the same unseen load.
     hidden_load_since_ms: AtomicU64,
-    /// That spell began with a swap (`ModelLoad::displaced`), not an idle past the keep-alive.
+    /// That spell began with a swap (`ModelLoad::displaced`) or a stall, not an idle past the
+    /// keep-alive.
     hidden_load_switch: std::sync::atomic::AtomicBool,
+    /// When the pair last sent a first byte (ms; 0: never).
+    first_byte_ms: AtomicU64,
 }
 
 /// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
@@ -72,8 +76,8 @@ pub struct Progress {
     due_ms: AtomicU64,
 }
 
-/// A streamed answer is stalled when its first token is this many times later than its
-/// predicted wait for it, and at least `STALL_MIN_MS` late (`SeatEnds::read`): a load is
+/// A streamed answer is stalled when its first token is late by more than this many times its
+/// predicted wait for it, and by at least `STALL_MIN_MS` (`SeatEnds::read`): a load is
 /// seconds, many prefills long.
 pub const STALL_LATE: u64 = 4;
 pub const STALL_MIN_MS: u64 = 250;
@@ -201,13 +205,15 @@ impl ModelCounters {
                 0 => None,
                 t => Some(t),
             },
-            hidden_load_switch: self.hidden_load_switch.load(Ordering::Relaxed),
+            // Only with a spell under way (the flag is left from the last one otherwise).
+            hidden_load_switch: self.hidden_load_switch.load(Ordering::Relaxed)
+                && self.hidden_load_since_ms.load(Ordering::Relaxed) != 0,
             displaced: false,
         }
     }
 
-    /// A request to the pair idle past the keep-alive, on a node that hides its loads, is
-    /// sent at `now_ms`: it starts a spell in which later requests wait for the same
+    /// A request to the pair idle past the keep-alive or displaced, on a node that hides its
+    /// loads, is sent at `now_ms`: it starts a spell in which later requests wait for the same
     /// unseen load (or joins one under way). Returns how long that has been under way, seconds
     /// (0 for the one that starts it). `switch`: the spell is a swap, not an idle
     /// (`ModelLoad::hidden_load_switch`).
@@ -227,11 +233,16 @@ impl ModelCounters {
         }
     }
 
-    /// A request to the pair sent at `since_ms` is stalled before its first token
-    /// (`LiveDecode::stalled_since_ms`): a swap is taken to be under way since then (unless a
-    /// spell already is), and one sent at `now_ms` joins it. Returns how long it has been
-    /// under way, seconds.
-    pub fn hidden_load_stalled(&self, since_ms: u64, now_ms: u64) -> f64 {
+    /// A request to the pair sent at `since_ms` was stalled before its first token when a
+    /// request was placed to join it (`LiveDecode::stalled_since_ms`): a swap is taken to be
+    /// under way since then (unless a spell already is), and the one sent at `now_ms` joins
+    /// it. Returns how long it has been under way, seconds; `None` when the pair has sent a
+    /// first byte since `since_ms` (the stall was over by the send: the request waited for a
+    /// seat meanwhile), which starts nothing.
+    pub fn hidden_load_stalled(&self, since_ms: u64, now_ms: u64) -> Option<f64> {
+        if self.first_byte_ms.load(Ordering::Relaxed) >= since_ms {
+            return None;
+        }
         let since = since_ms.max(1);
         let start = match self.hidden_load_since_ms.compare_exchange(
             0,
@@ -245,7 +256,7 @@ impl ModelCounters {
             }
             Err(current) => current,
         };
-        now_ms.saturating_sub(start) as f64 / 1000.0
+        Some(now_ms.saturating_sub(start) as f64 / 1000.0)
     }
 
     /// A request placed to join a hidden load is sent at `now_ms`: how long the load has been
@@ -257,8 +268,9 @@ impl ModelCounters {
         }
     }
 
-    /// A first byte came from the pair: whatever it loaded is in.
-    pub fn first_byte(&self) {
+    /// A first byte came from the pair at `now_ms`: whatever it loaded is in.
+    pub fn first_byte(&self, now_ms: u64) {
+        self.first_byte_ms.store(now_ms.max(1), Ordering::Relaxed);
         self.end_hidden_load(self.hidden_load_since_ms.load(Ordering::Relaxed));
     }
 
@@ -422,7 +434,7 @@ mod tests {
         assert_eq!(c.load().hidden_load_since_ms, Some(10_000));
         assert_eq!(c.hidden_load_sent(10_300, false), 0.3);
         assert_eq!(c.hidden_load_join(10_500), Some(0.5));
-        c.first_byte();
+        c.first_byte(10_600);
         assert_eq!(c.load().hidden_load_since_ms, None);
         assert_eq!(
             c.hidden_load_join(11_000),
@@ -438,7 +450,8 @@ mod tests {
 
     /// A streamed request due to start answering 50 ms after its send is stalled once it is
     /// both 250 ms and four times its 50 ms late with no first token; its first token ends
-    /// the stall. The stall, seen, starts a swap spell at its send that a later request joins.
+    /// the stall. The stall, seen, starts a swap spell at its send that a later request joins;
+    /// one placed while it was stalled and sent after its first byte starts none.
     #[test]
     fn a_first_token_far_past_its_time_is_a_stall_and_starts_a_swap_spell() {
         let c = ModelCounters::default();
@@ -452,14 +465,23 @@ mod tests {
         assert_eq!(read(10_200), None, "150 ms late");
         assert_eq!(read(10_400), Some(10_000));
         c.in_flight.store(1, Ordering::Relaxed);
-        assert_eq!(c.hidden_load_stalled(10_000, 10_500), 0.5);
+        assert_eq!(c.hidden_load_stalled(10_000, 10_500), Some(0.5));
         let l = c.load();
         assert_eq!(
             (l.hidden_load_since_ms, l.hidden_load_switch),
             (Some(10_000), true)
         );
         p.chunk(1, 10_600);
+        c.first_byte(10_600);
         assert_eq!(read(10_700), None, "answering");
+        let l = c.load();
+        assert_eq!(
+            (l.hidden_load_since_ms, l.hidden_load_switch),
+            (None, false)
+        );
+        // Placed while it was stalled, sent after its first byte: over, nothing starts.
+        assert_eq!(c.hidden_load_stalled(10_000, 10_800), None);
+        assert_eq!(c.load().hidden_load_since_ms, None);
         // One predicted to wait long for its first token is stalled only past four times that.
         let slow = c.ends.set(2, 90_000);
         slow.expect_first(10_000, 12_000);

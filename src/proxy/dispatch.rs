@@ -174,15 +174,17 @@ impl Dispatch {
         st.load_under_way_s = 0.0;
         if let Some(lease) = st.lease.as_mut() {
             lease.sent();
-            // A request to a pair idle past the keep-alive on a node that hides its loads
-            // starts a spell in which later ones wait for the same load, until the pair's
+            // A request to a pair idle past the keep-alive, or displaced by another model, on a
+            // node that hides its loads starts a spell in which later ones wait for the same
+            // load (one placed while a request there was stalled starts it at that one's send,
+            // if it is still stalled when this one goes), until the pair's
             // first byte (a whole reply's comes at its end: routing takes a spell past twice
             // the known load as over). One placed to join such a spell joins it if it is
             // still under way when the request goes (it may have waited for a seat
             // meanwhile), and starts none.
             let joined = match choice.idle {
                 Some(idle) if idle.joined => match idle.stalled_since_ms {
-                    Some(since) => Some(lease.counters.hidden_load_stalled(since, now_ms)),
+                    Some(since) => lease.counters.hidden_load_stalled(since, now_ms),
                     None => lease.counters.hidden_load_join(now_ms),
                 },
                 Some(idle) => Some(lease.counters.hidden_load_sent(now_ms, idle.switch)),

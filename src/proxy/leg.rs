@@ -391,7 +391,7 @@ impl Exchange<'_> {
                 let sent_ms = st.sent_ms;
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
-                    lease.counters.first_byte();
+                    lease.counters.first_byte(now);
                     let ahead = lease.first_byte(now);
                     if self.d.stream {
                         lease.start_decoding(now);

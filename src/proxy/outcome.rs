@@ -217,8 +217,9 @@ fn learn(
         switch: false,
         measurement: false,
     };
-    // Sent to a pair idle past the keep-alive on a node that hides its loads: did the node
-    // load the model first? (A node that does once is expected to after each such spell.)
+    // Sent in a spell (idle past the keep-alive, displaced, stalled) on a node that hides its
+    // loads: did the node load the model first? (A node that does once is expected to after
+    // each such spell.)
     if let Some(idle) = hidden {
         let ratio = if idle.guessed {
             let prior = fleet.config().routing.policy.completion_prefill_per_decode;

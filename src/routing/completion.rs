@@ -131,10 +131,15 @@ pub struct Prediction {
     /// which can be off by tens of times (its seat is not predicted free at this end).
     #[serde(skip)]
     pub from_priors: bool,
-    /// The pair is idle past the keep-alive on a node that hides its loads (`idle_load_s`):
-    /// what its answer is held against to tell whether the node loaded the model first.
+    /// The pair is in a spell on a node that hides its loads (idle past the keep-alive,
+    /// displaced by another model, or joining a load under way: `idle_load_s`): what its
+    /// answer is held against to tell whether the node loaded the model first.
     #[serde(skip)]
     pub idle: Option<IdleExpect>,
+    /// Seconds to its first token: wait, load and prefill without the exploring discount (what
+    /// a stalled first token is told by, `fleet::Progress::stalled`).
+    #[serde(skip)]
+    pub first_s: f64,
 }
 
 /// What the prediction reads about one surviving pair.
@@ -402,8 +407,9 @@ fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
 
 fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     let twin = x.twin.filter(|_| x.rates.observed == 0);
-    // The typical node at the node's pace, when that is the estimate.
-    let mut paced: Option<NodePace> = None;
+    // The rates the node's pace scaled (decode, prefill), when the typical node is the
+    // estimate.
+    let mut paced = (false, false);
     let (rates, optimistic) = match (twin, x.peer) {
         // A node configured as one that answered is priced as that one, not as the model's
         // best node: of two alike laptops, the second is not tried as if it were the
@@ -452,7 +458,12 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
                 },
                 None => peers.mean,
             };
-            paced = x.node_pace;
+            paced = x.node_pace.map_or((false, false), |pace| {
+                (
+                    peers.mean.decode_spt.is_some(),
+                    pace.prefill.is_some() && peers.mean.prefill_tps.is_some(),
+                )
+            });
             (
                 Rates {
                     load_s: x.rates.load_s,
@@ -473,10 +484,8 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     // model's, and per token a model reads and computes in proportion to its weights (a
     // laptop's 8b at 150 tokens/s says nothing of its 14b but what the pace already says).
     let nb = x.node_best.map(|nb| Rates {
-        decode_spt: nb.decode_spt.filter(|_| paced.is_none()),
-        prefill_tps: nb
-            .prefill_tps
-            .filter(|_| paced.is_none_or(|p| p.prefill.is_none())),
+        decode_spt: nb.decode_spt.filter(|_| !paced.0),
+        prefill_tps: nb.prefill_tps.filter(|_| !paced.1),
         ..nb
     });
     match nb {
@@ -737,6 +746,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         explored: explored && !optimistic,
         twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
+        first_s: wait_s + load_s + unexplored.0,
         idle: spell(p, x)
             .filter(|_| x.model.loaded)
             .map(|spell| IdleExpect {

@@ -377,7 +377,7 @@ fn decide_once(
                     Verdict::Predicted { prediction: p } => (
                         Some(p.total_s),
                         (!p.from_priors).then_some(p.total_s - p.wait_s),
-                        (!p.from_priors).then_some(p.total_s - p.decode_s),
+                        (!p.from_priors).then_some(p.first_s),
                         seat_test(p, node, c.loaded, || loads.node_decoding(c.node)),
                         p.idle,
                     ),

@@ -147,7 +147,8 @@ pub struct Policy {
     /// On a node that hides its loads (`backend: openai`, `NodeView::hides_loads`): a model
     /// not asked for in this long may have been unloaded, and its next request is expected to
     /// wait for the load the pair's earlier answers showed after such a spell (Ollama's
-    /// default keep-alive is 5 minutes). 0: never.
+    /// default keep-alive is 5 minutes). 0: never (swaps, after another model was sent to the
+    /// node, and stalls are still learned and expected: they are not about time).
     pub completion_keep_alive_s: u64,
     /// Before a cold load on a node the gateway manages (Ollama), unload the idle models
     /// cheapest to reload (`evict.rs`) instead of leaving the choice to the backend's own

@@ -210,9 +210,10 @@ pub struct ModelLoad {
     /// When the first request of a cold load of the model was sent, ms: while the model is not
     /// loaded and a request holds it, the load has been under way since then.
     pub loading_since_ms: Option<u64>,
-    /// On a node that hides its loads: when a request sent to the pair idle past the
-    /// keep-alive went out, ms, while the pair has sent no first byte since (it may be loading
-    /// unseen, and a request sent now waits for the rest of that load).
+    /// On a node that hides its loads: when a request sent to the pair in a spell (idle past
+    /// the keep-alive, displaced, or a stalled one's send) went out, ms, while the pair has
+    /// sent no first byte since (it may be loading unseen, and a request sent now waits for the
+    /// rest of that load).
     pub hidden_load_since_ms: Option<u64>,
     /// That spell began because another model had been sent to the node since the pair's last
     /// request (`displaced`), not because the pair sat idle past the keep-alive.
@@ -254,8 +255,8 @@ pub struct LiveDecode {
     pub streams: u32,
     pub node_decoding: u32,
     /// When the first-sent of the pair's streamed requests that are stalled went out (ms):
-    /// no first token yet, `STALL_LATE` times later than predicted and at least
-    /// `STALL_MIN_MS` late (`fleet::SeatEnds::read`). A node that hides its loads is then
+    /// no first token yet, late by more than `STALL_LATE` times its predicted wait for it and
+    /// by at least `STALL_MIN_MS` (`fleet::SeatEnds::read`). A node that hides its loads is then
     /// taken to be loading the model unseen (`routing::completion`).
     pub stalled_since_ms: Option<u64>,
 }
@@ -551,8 +552,9 @@ pub struct Choice {
     /// decode; not the wait for a seat): its seat's predicted end once sent (`Loads::seat_ends`).
     #[serde(skip)]
     pub predicted_run_s: Option<f64>,
-    /// Completion mode: of that, the seconds from its send to its first token (load and
-    /// prefill): when a streamed answer is overdue (`LiveDecode::stalled_since_ms`).
+    /// Completion mode: the seconds to its first token (its wait, load and prefill, without the
+    /// exploring discount), counted from its send: when a streamed answer is stalled
+    /// (`LiveDecode::stalled_since_ms`).
     #[serde(skip)]
     pub predicted_first_s: Option<f64>,
     /// Completion mode, a warm pair sent at once to a node whose seats were all taken: what
@@ -591,7 +593,8 @@ pub struct IdleExpect {
     /// The spell was seen, not foreseen: a request sent to the pair at this ms is stalled
     /// (`LiveDecode::stalled_since_ms`); the spell is taken to have begun then.
     pub stalled_since_ms: Option<u64>,
-    /// The load it may wait for (`Rates::idle_load_s`, else the model's other pairs'; whole,
+    /// The load it may wait for (`Rates::idle_load_s`, else the model's other pairs'; after a
+    /// swap or a stall `Rates::switch_load_s`, the pair's own; whole,
     /// also for a request that joins one under way and is charged only what is left); `None`
     /// when nothing was known of the node's loads: then it has no first-byte timeout (a load
     /// of any length may come first), else the timeout allows for this much more.
