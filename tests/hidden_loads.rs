@@ -17,14 +17,23 @@ use serde_json::{json, Value};
 const ON_DEMAND: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {name: m:1b, size_gb: 1, cold_load_ms: 1500}\n";
 
 fn ask() -> Value {
-    json!({"model": "m:1b", "stream": true, "max_tokens": 8,
+    ask_for("m:1b")
+}
+
+fn ask_for(model: &str) -> Value {
+    json!({"model": model, "stream": true, "max_tokens": 8,
         "messages": [{"role": "user", "content": "hello there"}]})
 }
 
 /// Stream one answer (pinned to `pin` when given): the node that served it and the retries
 /// the gateway made.
 async fn stream(gw: &Gateway, pin: Option<&str>) -> (String, String) {
-    let mut r = client().post(gw.url("/v1/chat/completions")).json(&ask());
+    stream_of(gw, &ask(), pin).await
+}
+
+/// As `stream`, for `body`.
+async fn stream_of(gw: &Gateway, body: &Value, pin: Option<&str>) -> (String, String) {
+    let mut r = client().post(gw.url("/v1/chat/completions")).json(body);
     if let Some(node) = pin {
         r = r.header("x-fleet-pin-node", node);
     }
@@ -164,24 +173,9 @@ fn joins_a_hidden_reload(opener_streams: bool) {
 const SWAPS: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 2\nreply_tokens: 8\nmodels:\n  - {name: x:1b, size_gb: 1, cold_load_ms: 1000}\n  - {name: y:1b, size_gb: 1, cold_load_ms: 1000}\n";
 const ONLY_X: &str = "seats: 4\ntokens_per_sec: 1000\nttft_ms: 10\nmemory_gb: 64\nreply_tokens: 8\nmodels:\n  - {name: x:1b, size_gb: 1, cold_load_ms: 1000}\n";
 
-fn ask_for(model: &str) -> Value {
-    json!({"model": model, "stream": true, "max_tokens": 8,
-        "messages": [{"role": "user", "content": "hello there"}]})
-}
-
 /// Stream one answer for `model` pinned to `node`: its retries.
 async fn pinned(gw: &Gateway, model: &str, node: &str) -> String {
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .header("x-fleet-pin-node", node)
-        .json(&ask_for(model))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 200);
-    let retries = r.headers()["x-fleet-retries"].to_str().unwrap().to_string();
-    assert!(r.text().await.unwrap().contains("[DONE]"));
-    retries
+    stream_of(gw, &ask_for(model), Some(node)).await.1
 }
 
 /// Once the answers showed that `a` swaps `x:1b` out when `y:1b` is sent there, a request for
@@ -212,14 +206,7 @@ fn a_swap_behind_the_model_list_is_learned_and_expected_after_another_model_ran(
         );
         assert_eq!(predicted_load_of(&gw, &x, "b").await, 0.0);
         for _ in 0..4 {
-            let r = client()
-                .post(gw.url("/v1/chat/completions"))
-                .json(&ask_for("x:1b"))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.headers()["x-fleet-node"], "b");
-            r.text().await.unwrap();
+            assert_eq!(stream_of(&gw, &x, None).await.0, "b");
         }
         assert_eq!(a.control().stats().loads.len(), 4, "no swap for x:1b");
         // Pinned there, it waits for the swap (1 s, past its 400 ms first-byte floor).

@@ -219,17 +219,23 @@ impl ModelCounters {
     /// (`ModelLoad::hidden_load_switch`).
     pub fn hidden_load_sent(&self, now_ms: u64, switch: bool) -> f64 {
         let now = now_ms.max(1);
+        now.saturating_sub(self.start_hidden_load(now, switch)) as f64 / 1000.0
+    }
+
+    /// A spell begun at `since` (`switch`: a swap or a stall), unless one is under way: when
+    /// the spell under way began, ms.
+    fn start_hidden_load(&self, since: u64, switch: bool) -> u64 {
         match self.hidden_load_since_ms.compare_exchange(
             0,
-            now,
+            since,
             Ordering::Relaxed,
             Ordering::Relaxed,
         ) {
             Ok(_) => {
                 self.hidden_load_switch.store(switch, Ordering::Relaxed);
-                0.0
+                since
             }
-            Err(since) => now.saturating_sub(since) as f64 / 1000.0,
+            Err(current) => current,
         }
     }
 
@@ -243,19 +249,7 @@ impl ModelCounters {
         if self.first_byte_ms.load(Ordering::Relaxed) >= since_ms {
             return None;
         }
-        let since = since_ms.max(1);
-        let start = match self.hidden_load_since_ms.compare_exchange(
-            0,
-            since,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => {
-                self.hidden_load_switch.store(true, Ordering::Relaxed);
-                since
-            }
-            Err(current) => current,
-        };
+        let start = self.start_hidden_load(since_ms.max(1), true);
         Some(now_ms.saturating_sub(start) as f64 / 1000.0)
     }
 

@@ -670,13 +670,15 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .model
         .loaded_context
         .is_some_and(|ctx| ctx > 0 && u64::from(ctx) < x.needed_tokens);
+    let spell = spell(p, x);
     let overlaps = known_wait.is_some()
         && x.load.in_flight > 0
-        && (!x.model.loaded || (!reload && spell(p, x).is_some_and(|s| s.joined.is_some())));
+        && (!x.model.loaded || (!reload && spell.is_some_and(|s| s.joined.is_some())));
+    let load_s = load_s(p, x, spell);
     let load_s = if overlaps {
-        (load_s(p, x) - seat_wait_s).max(0.0)
+        (load_s - seat_wait_s).max(0.0)
     } else {
-        load_s(p, x)
+        load_s
     };
     let start = wait_s + load_s + prefill_s;
     let others = (concurrency - 1) as usize;
@@ -747,18 +749,16 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
         first_s: wait_s + load_s + unexplored.0,
-        idle: spell(p, x)
-            .filter(|_| x.model.loaded)
-            .map(|spell| IdleExpect {
-                first_s: wait_s + unexplored.0,
-                spt: unexplored.1,
-                guessed: from_priors,
-                prompt_tokens: x.req.prompt_tokens - cached,
-                joined: spell.joined.is_some(),
-                switch: spell.switch,
-                stalled_since_ms: spell.stalled_since_ms,
-                load_s: spell.known_s,
-            }),
+        idle: spell.filter(|_| x.model.loaded).map(|spell| IdleExpect {
+            first_s: wait_s + unexplored.0,
+            spt: unexplored.1,
+            guessed: from_priors,
+            prompt_tokens: x.req.prompt_tokens - cached,
+            joined: spell.joined.is_some(),
+            switch: spell.switch,
+            stalled_since_ms: spell.stalled_since_ms,
+            load_s: spell.known_s,
+        }),
     }
 }
 
@@ -839,14 +839,15 @@ pub(super) fn read_s(p: &Policy, node: &NodeView, m: &ModelView, observed: Optio
 }
 
 /// Cold-load seconds: 0 when loaded with a window that holds the request (a smaller loaded
-/// window means a reload); observed load time, else size over read (or pull) speed.
-fn load_s(p: &Policy, x: &Input<'_>) -> f64 {
+/// window means a reload); observed load time, else size over read (or pull) speed. `spell`:
+/// the pair's (`spell`), for a model listed as loaded on a node that hides its loads.
+fn load_s(p: &Policy, x: &Input<'_>, spell: Option<Spell>) -> f64 {
     let m = x.model;
     let fits_loaded = m
         .loaded_context
         .is_none_or(|ctx| ctx == 0 || u64::from(ctx) >= x.needed_tokens);
     if m.loaded && fits_loaded {
-        return idle_load_s(p, x);
+        return idle_load_s(spell);
     }
     let gb = m.resident_gb.unwrap_or(m.size_gb).max(0.0);
     let read = read_s(p, x.node, m, x.rates.load_s);
@@ -950,8 +951,8 @@ fn spell(p: &Policy, x: &Input<'_>) -> Option<Spell> {
 /// (`load_s`).
 ///
 /// A stalled one with no load known is expected to take as long again as it has been under way.
-fn idle_load_s(p: &Policy, x: &Input<'_>) -> f64 {
-    spell(p, x)
+fn idle_load_s(spell: Option<Spell>) -> f64 {
+    spell
         .and_then(|s| match (s.known_s, s.stalled) {
             (Some(l), _) => Some(left_of(l, s.joined)),
             (None, true) => s.joined,
