@@ -56,12 +56,17 @@ async fn predicted_load(gw: &Gateway, node: &str) -> f64 {
 
 /// The load `/fleet/explain` predicts for `body` on `node`.
 async fn predicted_load_of(gw: &Gateway, body: &Value, node: &str) -> f64 {
+    predicted(gw, body, node, "load_s").await
+}
+
+/// The `term` of what `/fleet/explain` predicts for `body` on `node` (`load_s`, `prefill_s`).
+async fn predicted(gw: &Gateway, body: &Value, node: &str, term: &str) -> f64 {
     let report = explain(gw, "/fleet/explain", body).await;
     report["table"]
         .as_array()
         .and_then(|t| t.iter().find(|r| r["node"] == node))
-        .and_then(|r| r["load_s"].as_f64())
-        .unwrap_or_else(|| panic!("no prediction for {node}: {report:#}"))
+        .and_then(|r| r[term].as_f64())
+        .unwrap_or_else(|| panic!("no {term} for {node}: {report:#}"))
 }
 
 #[test]
@@ -212,5 +217,37 @@ fn a_swap_behind_the_model_list_is_learned_and_expected_after_another_model_ran(
         // Pinned there, it waits for the swap (1 s, past its 400 ms first-byte floor).
         assert_eq!(pinned(&gw, "x:1b", "a").await, "0");
         assert_eq!(a.control().stats().loads.len(), 5);
+    });
+}
+
+/// A model the node drops from memory unseen (another client's request swapped it out, the
+/// server's own memory pressure) makes the next request wait for a load nothing foresaw: its
+/// first token comes a second and a half late. That wait is learned as what a swap there costs,
+/// not as the pair's prefill: before, one such answer made `a` read a 10-token prompt in
+/// ~0.23 s (0.013 before the stall).
+#[test]
+fn a_stalled_first_token_teaches_a_load_not_a_slow_prefill() {
+    let rt = runtime();
+    let (a, b) = (sim(&rt, ON_DEMAND), sim(&rt, ON_DEMAND));
+    let gw = Gateway::start(&fleet(&[node_by_url("a", &a), node_by_url("b", &b)]));
+    rt.block_on(async {
+        // Both load the model once, then answer warm.
+        for node in ["a", "b", "a", "b", "a", "b"] {
+            assert_eq!(stream(&gw, Some(node)).await.1, "0");
+        }
+        let warm = predicted(&gw, &ask(), "a", "prefill_s").await;
+        assert!(warm < 0.1, "a reads a short prompt quickly: {warm}");
+        a.control().unload_model("m:1b");
+        assert_eq!(stream(&gw, Some("a")).await.1, "0");
+        assert_eq!(
+            a.control().stats().loads.len(),
+            2,
+            "the pinned request waited for a load"
+        );
+        let after = predicted(&gw, &ask(), "a", "prefill_s").await;
+        assert!(
+            after < warm + 0.05,
+            "a still reads a short prompt quickly: {after} against {warm} before the stall"
+        );
     });
 }

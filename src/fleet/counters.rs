@@ -82,6 +82,12 @@ pub struct Progress {
 pub const STALL_LATE: u64 = 4;
 pub const STALL_MIN_MS: u64 = 250;
 
+/// Whether a first token `late_ms` past its due time, which was `wait_ms` after the send, is
+/// a stall (see `STALL_LATE`).
+pub fn is_stall(late_ms: u64, wait_ms: u64) -> bool {
+    late_ms >= STALL_MIN_MS && late_ms > STALL_LATE * wait_ms
+}
+
 impl Progress {
     /// The streamed request was sent at `sent_ms`, its first token predicted at `due_ms`.
     pub fn expect_first(&self, sent_ms: u64, due_ms: u64) {
@@ -96,8 +102,7 @@ impl Progress {
             return None;
         }
         let sent = self.sent_ms.load(Ordering::Relaxed);
-        let late = now_ms.saturating_sub(due);
-        (late >= STALL_MIN_MS && late > STALL_LATE * due.saturating_sub(sent)).then_some(sent)
+        is_stall(now_ms.saturating_sub(due), due.saturating_sub(sent)).then_some(sent)
     }
 
     /// The answer's `chunks`-th chunk came at `now_ms` (the first one starts the clock).

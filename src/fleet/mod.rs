@@ -30,7 +30,7 @@ use parking_lot::{Mutex, RwLock};
 pub use crate::queue::Lease;
 pub use breaker::{Breaker, BreakerPolicy, BreakerState, Outcome};
 pub use calibrate::Calibration;
-pub use counters::{ModelCounters, Progress, END_UNKNOWN};
+pub use counters::{is_stall, ModelCounters, Progress, END_UNKNOWN};
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample, StoreError};
 pub use live::{LiveModel, NodeLive, PollReport};

@@ -243,6 +243,17 @@ fn learn(
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
         o.switch = idle.switch;
+    } else if let Some(late) = stalled_first_token(fleet, d, o.ttft_s) {
+        // Stalled with no load foreseen, on a node that hides its loads: what routing took it
+        // for while it waited (a swap under way since its send, `routing::completion`'s
+        // spells) is what it teaches, not a prefill seconds long.
+        log::info!(
+            "node {}: the first token of {} came {late:.2} s late (a load the node hid; the next swap there expects it)",
+            c.node_id,
+            c.model,
+        );
+        o.idle_load_s = Some(late);
+        o.switch = true;
     }
     let loaded_first = c.cold || o.idle_load_s.is_some_and(|l| l > 0.0);
     if let Some(t) = c.seat_test.filter(|_| !loaded_first) {
@@ -331,6 +342,23 @@ mod tests {
         assert_eq!(classify(None, false, false), None);
         assert_eq!(classify(None, true, true), None);
     }
+}
+
+/// How late (s) a streamed answer's first token came, when that makes it a stall
+/// (`fleet::is_stall`, against the wait predicted at its send) on a node that hides its loads.
+fn stalled_first_token(fleet: &Fleet, d: &Dispatch, ttft_s: Option<f64>) -> Option<f64> {
+    let c = d.choice();
+    // The TTFT is timed from the first attempt's send: a retry's would count the failed one.
+    if !d.stream
+        || !d.state.lock().tried.is_empty()
+        || fleet.node_config(c.node).backend != crate::config::Backend::Openai
+    {
+        return None;
+    }
+    let (first, due) = (ttft_s?, c.predicted_first_s?);
+    let late = first - due.max(0.0);
+    let ms = |s: f64| (s.max(0.0) * 1000.0) as u64;
+    crate::fleet::is_stall(ms(late), ms(due)).then_some(late)
 }
 
 /// Prompt tokens a node evaluated, and whether that is known: `base` less what the node
