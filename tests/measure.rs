@@ -300,18 +300,39 @@ fn a_pair_measured_before_a_restart_is_not_asked_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A node known by its URL only that lists several models (`backend: openai` hides its loads:
+/// asking for each could load each in turn) is measured on one, the model most of the fleet
+/// lists, which gives its pace against the others: the workstation on `small:3b`, which the
+/// laptop lists too, not on `mid:14b` (first by name, on its disk only: asking would load it).
+/// Before, it was not measured at all, and its first requests were priced as the laptop's.
 #[test]
-fn a_node_known_by_its_url_only_that_lists_several_models_is_not_measured() {
-    // `backend: openai` hides its loads: asking for each listed model could load each in turn.
+fn a_node_known_by_its_url_only_that_lists_several_models_is_measured_on_the_one_the_fleet_shares()
+{
     let rt = runtime();
-    let ws = sim(&rt, WORKSTATION);
+    let (ws, laptop) = (sim(&rt, WORKSTATION), sim(&rt, LAPTOP));
     let gw = Gateway::start(&format!(
         "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
-        fleet(&[node_by_url("by-url", &ws)])
+        fleet(&[node_by_url("laptop", &laptop), node_by_url("ws", &ws)])
     ));
+    rt.block_on(async {
+        eventually("both measured", || async {
+            let r = explain(&gw, "/fleet/explain", &ask("which node?")).await;
+            ["laptop", "ws"]
+                .iter()
+                .all(|n| row(&r, n).is_some_and(|x| x["observed"].as_u64() >= Some(1)))
+        })
+        .await;
+    });
+    // Several passes (200 ms): nothing more is asked once the node has answered.
     std::thread::sleep(std::time::Duration::from_millis(1000));
-    assert!(gw.fleet.nodes().iter().all(|n| n.live.lock().polled));
-    assert_eq!(served(&ws), 0, "nothing asked of a backend: openai node");
+    let asked = ws.control().stats().by_model;
+    assert_eq!(asked.get("mid:14b"), None, "mid:14b not asked: {asked:?}");
+    assert!(ws.control().stats().loads.is_empty(), "nothing loaded");
+    assert_eq!(
+        asked.get("small:3b"),
+        Some(&3),
+        "the wake, then two prompt lengths: {asked:?}"
+    );
 }
 
 /// A server known by its URL only that lists one model, asleep: its first answer waits

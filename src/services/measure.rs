@@ -12,11 +12,12 @@
 //! `num_ctx`: a request at another window reloads the model); on vLLM, every model it serves;
 //! on llama.cpp, its model when it lists one and is awake (a router that lists several loads
 //! them on demand: asking would load each). On `backend: openai` (SGLang, LM Studio, any
-//! OpenAI-compatible server), only a node that lists one model, and after a first ask whose
-//! answer is not learned from: such a node hides its loads (a sleeping server wakes, LM Studio
-//! loads on demand), so a first answer's time could be a load nobody reports, taken for the
-//! model's prefill. One that lists several is not asked (that could load each in turn). The
-//! prompt starts with a nonce, so no prefix cache answers it from an earlier run.
+//! OpenAI-compatible server), one model per node, after a first ask whose answer is not
+//! learned from: such a node hides its loads (a sleeping server wakes, LM Studio loads on
+//! demand), so a first answer's time could be a load nobody reports, taken for the model's
+//! prefill. Of several listed (each could be loaded in turn), only the one most of the fleet
+//! lists, until any of the node's models answered (`to_pace`). The prompt starts with a
+//! nonce, so no prefix cache answers it from an earlier run.
 //!
 //! When: one model at a time per node, nodes in parallel, every `health.poll_interval`; only
 //! while the node is idle (no request of this gateway's on it, none its backend says it runs
@@ -183,9 +184,11 @@ fn pending(
     let resident: Vec<&str> = match fleet.node_config(idx).backend {
         Backend::Ollama | Backend::Sim | Backend::Vllm => loaded.collect(),
         // One model, after a first ask that wakes it (`measure`); several may be loaded on
-        // demand, and asking would load each in turn.
+        // demand, and asking would load each in turn: one of them gives the node's pace.
         Backend::Llamacpp | Backend::Openai if models.len() == 1 => loaded.collect(),
-        Backend::Llamacpp | Backend::Openai => Vec::new(),
+        // A llama.cpp router's first answer is not a wake asked apart: nothing.
+        Backend::Llamacpp => Vec::new(),
+        Backend::Openai => to_pace(fleet, idx, models).into_iter().collect(),
     };
     let node = fleet.node(idx);
     resident
@@ -197,6 +200,46 @@ fn pending(
         })
         .map(str::to_string)
         .collect()
+}
+
+/// Of a node that lists several models and may load each on demand, the one to measure: none
+/// once any of its models answered (its pace against the fleet is known,
+/// `routing::completion::NodePace`), else the one most nodes of the fleet list (the pace is
+/// read on models others serve too), the node's first of those. Its first ask may load it:
+/// one load, at start, instead of every model's first requests there priced as a typical
+/// node's (on a 32-node fleet the fast boxes' small model was priced as the slow boxes' until
+/// tried).
+fn to_pace<'a>(fleet: &Fleet, idx: usize, models: &'a [LiveModel]) -> Option<&'a str> {
+    let node = fleet.node(idx);
+    let answered = models.iter().any(|m| {
+        node.peek(&m.name)
+            .is_some_and(|c| c.rates.lock().rates().observed > 0)
+    });
+    if answered {
+        return None;
+    }
+    let listed: Vec<Vec<String>> = (0..fleet.len())
+        .filter(|i| *i != idx)
+        .map(|i| {
+            let other = fleet.node(i);
+            let live = other.live.lock();
+            live.models.iter().map(|m| m.name.clone()).collect()
+        })
+        .collect();
+    let listing = |name: &str| {
+        listed
+            .iter()
+            .filter(|l| l.iter().any(|m| m == name))
+            .count()
+    };
+    // The first of the most listed (`max_by_key` keeps the last of equals).
+    models
+        .iter()
+        .filter(|m| m.loaded)
+        .map(|m| (listing(&m.name), m.name.as_str()))
+        .rev()
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, name)| name)
 }
 
 /// The request body for `model`, in the node's native protocol. On Ollama the window the
