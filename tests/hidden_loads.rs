@@ -220,15 +220,19 @@ fn a_swap_behind_the_model_list_is_learned_and_expected_after_another_model_ran(
     });
 }
 
-/// A model the node drops from memory unseen (another client's request swapped it out, the
-/// server's own memory pressure) makes the next request wait for a load nothing foresaw: its
+/// A model a node that serves several drops from memory unseen (another client's request
+/// swapped it out, the server's own memory pressure) makes the next request wait for a load nothing foresaw: its
 /// first token comes a second and a half late. That wait is learned as what a swap there costs,
 /// not as the pair's prefill: before, one such answer made `a` read a 10-token prompt in
 /// ~0.23 s (0.013 before the stall).
 #[test]
 fn a_stalled_first_token_teaches_a_load_not_a_slow_prefill() {
     let rt = runtime();
-    let (a, b) = (sim(&rt, ON_DEMAND), sim(&rt, ON_DEMAND));
+    let two = ON_DEMAND.replace(
+        "cold_load_ms: 1500}",
+        "cold_load_ms: 1500}\n  - {name: n:1b, size_gb: 1, cold_load_ms: 1500}",
+    );
+    let (a, b) = (sim(&rt, &two), sim(&rt, &two));
     let gw = Gateway::start(&fleet(&[node_by_url("a", &a), node_by_url("b", &b)]));
     rt.block_on(async {
         // Both load the model once, then answer warm.

@@ -203,7 +203,10 @@ impl Dispatch {
                 (None, Some(_)) => lease.expect_unknown_end(),
                 (None, None) => {}
             }
-            if let Some(first_s) = choice.predicted_first_s.filter(|_| self.stream) {
+            // A request sent to a node whose seats were all taken tests them: a late first
+            // token is its answer (it waited inside), not a stall.
+            let judged = self.stream && choice.seat_test.is_none();
+            if let Some(first_s) = choice.predicted_first_s.filter(|_| judged) {
                 lease.expect_first(
                     now_ms,
                     now_ms.saturating_add((first_s.max(0.0) * 1000.0) as u64),

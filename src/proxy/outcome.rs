@@ -345,13 +345,19 @@ mod tests {
 }
 
 /// How late (s) a streamed answer's first token came, when that makes it a stall
-/// (`fleet::is_stall`, against the wait predicted at its send) on a node that hides its loads.
+/// (`fleet::is_stall`, against the wait predicted at its send) on a node that hides its loads
+/// and lists several models (one that lists one swaps nothing: late, it more likely queued
+/// behind seats nobody said, and its idle spells cover its wakes).
 fn stalled_first_token(fleet: &Fleet, d: &Dispatch, ttft_s: Option<f64>) -> Option<f64> {
     let c = d.choice();
     // The TTFT is timed from the first attempt's send: a retry's would count the failed one.
+    // One sent to a node whose seats were all taken tests them (`seat_test`): late, it waited
+    // inside.
     if !d.stream
+        || c.seat_test.is_some()
         || !d.state.lock().tried.is_empty()
         || fleet.node_config(c.node).backend != crate::config::Backend::Openai
+        || fleet.node(c.node).live.lock().models.len() < 2
     {
         return None;
     }
