@@ -221,10 +221,10 @@ fn a_swap_behind_the_model_list_is_learned_and_expected_after_another_model_ran(
 }
 
 /// A model a node that serves several drops from memory unseen (another client's request
-/// swapped it out, the server's own memory pressure) makes the next request wait for a load nothing foresaw: its
-/// first token comes a second and a half late. That wait is learned as what a swap there costs,
-/// not as the pair's prefill: before, one such answer made `a` read a 10-token prompt in
-/// ~0.23 s (0.013 before the stall).
+/// swapped it out, the server's own memory pressure) makes the next request wait for a load
+/// nothing foresaw: its first token comes a second and a half late. That wait is learned as
+/// what a swap there costs, not as the pair's prefill: before, one such answer made `a` read
+/// a 10-token prompt in ~0.23 s (0.013 before the stall).
 #[test]
 fn a_stalled_first_token_teaches_a_load_not_a_slow_prefill() {
     let rt = runtime();
@@ -252,6 +252,14 @@ fn a_stalled_first_token_teaches_a_load_not_a_slow_prefill() {
         assert!(
             after < warm + 0.05,
             "a still reads a short prompt quickly: {after} against {warm} before the stall"
+        );
+        // What it waited is what a swap there costs: once another model ran on `a`, `m:1b`'s
+        // next request there is expected to wait as long.
+        assert_eq!(pinned(&gw, "n:1b", "a").await, "0");
+        let swap = predicted(&gw, &ask(), "a", "load_s").await;
+        assert!(
+            (1.2..2.0).contains(&swap),
+            "a swap back to m:1b on a: {swap}"
         );
     });
 }

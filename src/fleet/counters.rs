@@ -85,7 +85,7 @@ pub const STALL_MIN_MS: u64 = 250;
 /// Whether a first token `late_ms` past its due time, which was `wait_ms` after the send, is
 /// a stall (see `STALL_LATE`).
 pub fn is_stall(late_ms: u64, wait_ms: u64) -> bool {
-    late_ms >= STALL_MIN_MS && late_ms > STALL_LATE * wait_ms
+    late_ms >= STALL_MIN_MS && late_ms > STALL_LATE.saturating_mul(wait_ms)
 }
 
 impl Progress {

@@ -185,7 +185,7 @@ fn learn(
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(c.node, &c.model);
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
-    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden) = {
+    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden, retried) = {
         let st = d.state.lock();
         (
             st.prefill_ahead_s,
@@ -193,6 +193,7 @@ fn learn(
             st.load_under_way_s,
             st.seat_freed_s,
             d.hidden_load(&st),
+            !st.tried.is_empty(),
         )
     };
     let mut o = Observation {
@@ -243,7 +244,7 @@ fn learn(
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
         o.switch = idle.switch;
-    } else if let Some(late) = stalled_first_token(fleet, d, o.ttft_s) {
+    } else if let Some(late) = stalled_first_token(fleet, d, &o, retried) {
         // Stalled with no load foreseen, on a node that hides its loads: what routing took it
         // for while it waited (a swap under way since its send, `routing::completion`'s
         // spells) is what it teaches, not a prefill seconds long.
@@ -322,6 +323,44 @@ fn learn(
     }
 }
 
+/// How late (s) a streamed answer's first token came, when that makes it a stall
+/// (`fleet::is_stall`, against the wait predicted at its send, past the prompts it was seen to
+/// queue behind, and stretched as much as its decode came slower than the pair's) on a node
+/// that hides its loads and lists several models: one that lists one swaps nothing (late, it
+/// more likely queued behind seats nobody said; its idle spells cover its wakes). Not for a
+/// request that tested a full node's seats (late, it waited inside), a cold one, nor a retry
+/// (its TTFT counts the failed attempt).
+fn stalled_first_token(fleet: &Fleet, d: &Dispatch, o: &Observation, retried: bool) -> Option<f64> {
+    let c = d.choice();
+    if !d.stream || retried || c.cold || c.seat_test.is_some() {
+        return None;
+    }
+    let (first, due) = (o.ttft_s?, c.predicted_first_s?.max(0.0));
+    let ahead = o.prefill_ahead_s.filter(|a| a.is_finite()).unwrap_or(0.0);
+    let seen_spt = match o.output_tokens {
+        Some(out) if out >= 2 => (o.service_s - first) / f64::from(out),
+        _ => 0.0,
+    };
+    let pair_spt = fleet
+        .node(c.node)
+        .peek(&c.model)
+        .and_then(|x| x.rates.lock().rates().decode_spt)
+        .unwrap_or(0.0);
+    let slower = if pair_spt > 0.0 && seen_spt > 0.0 {
+        (seen_spt / pair_spt).max(1.0)
+    } else {
+        1.0
+    };
+    let late = first - ahead - due * slower;
+    let ms = |s: f64| (s.max(0.0) * 1000.0) as u64;
+    if !crate::fleet::is_stall(ms(late), ms(due * slower)) {
+        return None;
+    }
+    let view = fleet.view();
+    let node = view.nodes.get(c.node)?;
+    (node.hides_loads && node.models.len() >= 2).then_some(late)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,29 +381,6 @@ mod tests {
         assert_eq!(classify(None, false, false), None);
         assert_eq!(classify(None, true, true), None);
     }
-}
-
-/// How late (s) a streamed answer's first token came, when that makes it a stall
-/// (`fleet::is_stall`, against the wait predicted at its send) on a node that hides its loads
-/// and lists several models (one that lists one swaps nothing: late, it more likely queued
-/// behind seats nobody said, and its idle spells cover its wakes).
-fn stalled_first_token(fleet: &Fleet, d: &Dispatch, ttft_s: Option<f64>) -> Option<f64> {
-    let c = d.choice();
-    // The TTFT is timed from the first attempt's send: a retry's would count the failed one.
-    // One sent to a node whose seats were all taken tests them (`seat_test`): late, it waited
-    // inside.
-    if !d.stream
-        || c.seat_test.is_some()
-        || !d.state.lock().tried.is_empty()
-        || fleet.node_config(c.node).backend != crate::config::Backend::Openai
-        || fleet.node(c.node).live.lock().models.len() < 2
-    {
-        return None;
-    }
-    let (first, due) = (ttft_s?, c.predicted_first_s?);
-    let late = first - due.max(0.0);
-    let ms = |s: f64| (s.max(0.0) * 1000.0) as u64;
-    crate::fleet::is_stall(ms(late), ms(due)).then_some(late)
 }
 
 /// Prompt tokens a node evaluated, and whether that is known: `base` less what the node

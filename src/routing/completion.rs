@@ -454,6 +454,11 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
                         .mean
                         .prefill_tps
                         .map(|t| t / pace.prefill.unwrap_or(1.0)),
+                    // Scaled by the node's pace, a typical rate read off one prompt length is
+                    // no floor of this node's to raise back to that rate (`predict`): that
+                    // undid the pace (a Mac reading 1,200 prompt tokens/s was priced at a
+                    // GPU's 22,000 for its untried model, and sent 12,000-token prompts).
+                    prefill_floor: peers.mean.prefill_floor && pace.prefill.is_none(),
                     ..peers.mean
                 },
                 None => peers.mean,
@@ -906,8 +911,13 @@ fn spell(p: &Policy, x: &Input<'_>) -> Option<Spell> {
     }
     let running = x.load.in_flight > 0;
     // A request stalled before its first token is taken as a load under way since its send
-    // (a swap, unless a spell began before it).
-    let stalled = x.live.and_then(|l| l.stalled_since_ms).filter(|_| running);
+    // (a swap, unless a spell began before it), on a node that lists several models (one that
+    // lists one swaps nothing: late, it more likely queued behind seats nobody said).
+    let swaps = x.node.models.len() >= 2;
+    let stalled = x
+        .live
+        .and_then(|l| l.stalled_since_ms)
+        .filter(|_| running && swaps);
     let spell_since = x.load.hidden_load_since_ms.filter(|_| running);
     // A spell under way is joined (below) whatever began it; a new one begins when the pair
     // is idle past the keep-alive or displaced.

@@ -1403,6 +1403,27 @@ fn a_stalled_first_token_on_a_node_that_hides_its_loads_is_a_load_under_way() {
     assert_eq!(predicted(&d, 0).load_s, 0.0);
 }
 
+/// A node that lists one model swaps nothing: a first token late there more likely queued
+/// behind seats nobody said (a llama.cpp or SGLang server by URL only) and is not taken for a
+/// load under way: `b` (one model) stalled as `a` did above is charged no load.
+#[test]
+fn a_stall_on_a_node_that_lists_one_model_is_not_a_load() {
+    let r = req(&["m"], 500);
+    let live = LiveDecode {
+        stalled_since_ms: Some(1_000_000 - 800),
+        ..LiveDecode::default()
+    };
+    let mut loads = swap_known(None)
+        .with(1, "m", queue(1, 0))
+        .ending(1, "m", &[2.0]);
+    loads.live.push((1, "m".to_string(), live));
+    let d = at(&r, &a_swaps(), &loads);
+    let p = predicted(&d, 1);
+    assert_eq!(p.load_s, 0.0, "{p:?}");
+    let b = d.ranked.iter().find(|c| c.node_id == "b").unwrap();
+    assert!(b.idle.is_none(), "{:?}", b.idle);
+}
+
 /// A node three to six times slower than the fleet on the model it served is expected as much
 /// slower on one it never served: the laptop's untried `mid` is priced at the model's typical
 /// rates over its pace on `small` (against the GPU and the workstation, geometric means; its own
@@ -1453,4 +1474,49 @@ fn an_untried_pair_is_priced_at_its_nodes_pace_against_the_fleet() {
         .rated(2, "mid", seen(100.0));
     let p = predicted(&at(&r, &f, &alone), 0);
     assert!((p.prefill_tps - 4_000.0).abs() < 1e-6, "{p:?}");
+}
+
+/// The typical rate of an untried pair's model may be read off one prompt length only (a
+/// floor, `Rates::prefill_floor`); scaled by the node's pace it is still the node's estimate,
+/// not a floor of its own to raise back to the typical rate, which undid the pace: by URL only
+/// on `rag-agents`, the Mac, which reads 1,200 prompt tokens/s of `llama` where the GPU reads
+/// 25,000, was priced for its untried `qwen` at the GPU's 22,000 and sent 12,000-token prompts
+/// (10.7 s to the first token).
+#[test]
+fn a_paced_typical_prefill_is_not_raised_back_to_the_typical_floor() {
+    let f = fleet_of_4_seats(vec![
+        node("mini", vec![loaded("llama", 2.0)]),
+        node(
+            "mac",
+            vec![
+                loaded("qwen", 5.0),
+                loaded("llama", 2.0),
+                loaded("gemma", 17.0),
+            ],
+        ),
+        node(
+            "gpu",
+            vec![
+                loaded("qwen", 5.0),
+                loaded("gemma", 17.0),
+                loaded("llama", 2.0),
+            ],
+        ),
+    ]);
+    let rated = |tps: f64, spt: f64, floor: bool| Rates {
+        prefill_tps: Some(tps),
+        prefill_floor: floor,
+        decode_spt: Some(spt),
+        ..seen(100.0)
+    };
+    let fleet = TableLoads::default()
+        .rated(0, "llama", rated(900.0, 0.02, true))
+        .rated(1, "llama", rated(1_200.0, 0.0053, false))
+        .rated(2, "llama", rated(25_000.0, 0.0086, false))
+        .rated(2, "qwen", rated(22_000.0, 0.0095, true));
+    let d = at(&req(&["qwen"], 3_162), &f, &fleet);
+    let mac = predicted(&d, 1);
+    // 22,000 over the Mac's pace on `llama` (25,000 / 1,200; the mini's floor left out).
+    assert_near(mac.prefill_tps, 22_000.0 * 1_200.0 / 25_000.0, &mac);
+    assert_eq!(d.winner().unwrap().node_id, "gpu");
 }

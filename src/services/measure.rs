@@ -15,9 +15,10 @@
 //! OpenAI-compatible server), one model per node, after a first ask whose answer is not
 //! learned from: such a node hides its loads (a sleeping server wakes, LM Studio loads on
 //! demand), so a first answer's time could be a load nobody reports, taken for the model's
-//! prefill. Of several listed (each could be loaded in turn), only the one most of the fleet
-//! lists, until any of the node's models answered (`to_pace`). The prompt starts with a
-//! nonce, so no prefix cache answers it from an earlier run.
+//! prefill. Of several listed (each could be loaded in turn), only the one most other nodes
+//! hold in memory (first by name of equals; none if no other holds any), until any of the
+//! node's models answered (`to_pace`): its pace against the fleet prices the others. The
+//! prompt starts with a nonce, so no prefix cache answers it from an earlier run.
 //!
 //! When: one model at a time per node, nodes in parallel, every `health.poll_interval`; only
 //! while the node is idle (no request of this gateway's on it, none its backend says it runs
@@ -126,7 +127,10 @@ impl Measure {
             if !online(&self.fleet, idx) {
                 continue;
             }
-            let todo = pending(&self.fleet, idx, &models, &measured);
+            // Not yet decidable (the fleet not all polled): no pass made.
+            let Some(todo) = pending(&self.fleet, idx, &models, &measured) else {
+                continue;
+            };
             {
                 let mut live = node.live.lock();
                 if live.measuring {
@@ -173,13 +177,20 @@ fn online(fleet: &Fleet, idx: usize) -> bool {
         .is_some_and(|n| n.health == Health::Online)
 }
 
-/// The models of node `idx` to measure now (see the module doc).
+/// The models of node `idx` to measure now (see the module doc); None: not yet decidable.
 fn pending(
     fleet: &Fleet,
     idx: usize,
     models: &[LiveModel],
     measured: &BTreeMap<String, u32>,
-) -> Vec<String> {
+) -> Option<Vec<String>> {
+    let node = fleet.node(idx);
+    let untried = |m: &&str| {
+        measured.get(*m).is_none_or(|t| *t < MAX_TRIES)
+            && node
+                .peek(m)
+                .is_none_or(|c| c.rates.lock().rates().observed == 0)
+    };
     let loaded = models.iter().filter(|m| m.loaded).map(|m| m.name.as_str());
     let resident: Vec<&str> = match fleet.node_config(idx).backend {
         Backend::Ollama | Backend::Sim | Backend::Vllm => loaded.collect(),
@@ -188,58 +199,67 @@ fn pending(
         Backend::Llamacpp | Backend::Openai if models.len() == 1 => loaded.collect(),
         // A llama.cpp router's first answer is not a wake asked apart: nothing.
         Backend::Llamacpp => Vec::new(),
-        Backend::Openai => to_pace(fleet, idx, models).into_iter().collect(),
+        Backend::Openai => to_pace(fleet, idx, models, untried)?.into_iter().collect(),
     };
-    let node = fleet.node(idx);
-    resident
-        .into_iter()
-        .filter(|m| measured.get(*m).is_none_or(|t| *t < MAX_TRIES))
-        .filter(|m| {
-            node.peek(m)
-                .is_none_or(|c| c.rates.lock().rates().observed == 0)
-        })
-        .map(str::to_string)
-        .collect()
+    Some(
+        resident
+            .into_iter()
+            .filter(untried)
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// Of a node that lists several models and may load each on demand, the one to measure: none
 /// once any of its models answered (its pace against the fleet is known,
-/// `routing::completion::NodePace`), else the one most nodes of the fleet list (the pace is
-/// read on models others serve too), the node's first of those. Its first ask may load it:
+/// `routing::completion::NodePace`), else, of those not yet tried out (`untried`), the one the
+/// most other nodes hold in memory (the pace is read on models others answer too), first by
+/// name of equals; none that another holds, none (no pace to read). Its first ask may load it:
 /// one load, at start, instead of every model's first requests there priced as a typical
 /// node's (on a 32-node fleet the fast boxes' small model was priced as the slow boxes' until
-/// tried).
-fn to_pace<'a>(fleet: &Fleet, idx: usize, models: &'a [LiveModel]) -> Option<&'a str> {
+/// tried). None (outer): not yet decidable, an online node not yet polled.
+fn to_pace<'a>(
+    fleet: &Fleet,
+    idx: usize,
+    models: &'a [LiveModel],
+    untried: impl Fn(&&str) -> bool,
+) -> Option<Option<&'a str>> {
     let node = fleet.node(idx);
     let answered = models.iter().any(|m| {
         node.peek(&m.name)
             .is_some_and(|c| c.rates.lock().rates().observed > 0)
     });
     if answered {
-        return None;
+        return Some(None);
     }
-    let listed: Vec<Vec<String>> = (0..fleet.len())
-        .filter(|i| *i != idx)
-        .map(|i| {
-            let other = fleet.node(i);
-            let live = other.live.lock();
-            live.models.iter().map(|m| m.name.clone()).collect()
-        })
-        .collect();
-    let listing = |name: &str| {
-        listed
-            .iter()
-            .filter(|l| l.iter().any(|m| m == name))
-            .count()
-    };
-    // The first of the most listed (`max_by_key` keeps the last of equals).
-    models
+    let mut held: Vec<Vec<String>> = Vec::new();
+    for i in (0..fleet.len()).filter(|i| *i != idx) {
+        let other = fleet.node(i);
+        let live = other.live.lock();
+        if !live.polled {
+            drop(live);
+            if online(fleet, i) {
+                return None;
+            }
+            continue;
+        }
+        held.push(
+            live.models
+                .iter()
+                .filter(|m| m.loaded)
+                .map(|m| m.name.clone())
+                .collect(),
+        );
+    }
+    let holding = |name: &str| held.iter().filter(|l| l.iter().any(|m| m == name)).count();
+    // The first of the most held (`max_by_key` keeps the last of equals).
+    let best = models
         .iter()
-        .filter(|m| m.loaded)
-        .map(|m| (listing(&m.name), m.name.as_str()))
+        .filter(|m| m.loaded && untried(&m.name.as_str()))
+        .map(|m| (holding(&m.name), m.name.as_str()))
         .rev()
-        .max_by_key(|(n, _)| *n)
-        .map(|(_, name)| name)
+        .max_by_key(|(n, _)| *n);
+    Some(best.filter(|(n, _)| *n > 0).map(|(_, name)| name))
 }
 
 /// The request body for `model`, in the node's native protocol. On Ollama the window the
@@ -310,6 +330,9 @@ async fn measure(fleet: &Fleet, client: &reqwest::Client, idx: usize, model: &st
     let Some(seat) = crate::queue::try_take(idx, &node, &node.counters(model)) else {
         return Tried::NotNow;
     };
+    // Sent like a request: on a node that holds one model at a time, the model clients were
+    // sent reads as displaced (`fleet::ModelLoad::displaced`) if this ask swaps it out.
+    seat.sent();
     // A node that hides its loads is woken first: what that answer took may be a load.
     if matches!(fleet.node_config(idx).backend, Backend::Openai) {
         if let Err(tried) = ask(fleet, client, idx, model, window, SENTENCES, false).await {
