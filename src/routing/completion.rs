@@ -157,8 +157,10 @@ pub(super) struct Input<'a> {
     /// The best prefill and decode its node has shown on other models; set (by the caller)
     /// only for a pair never observed.
     pub node_best: Option<Rates>,
-    /// How many times slower than the fleet its node was on the models they both served
-    /// ([`NodePace`]); set (by the caller) only for a pair never observed.
+    /// How many times slower than the nodes that observed the model its node was on the
+    /// models they both served, else than the fleet ([`NodePace`]); set (by the caller) only
+    /// for a pair never observed or with a rate not learned yet (the typical node's is then
+    /// scaled by it).
     pub node_pace: Option<NodePace>,
     /// The same model's rates on a node the config describes as the same machine
     /// ([`NodeView::twin_key`]): how a pair never observed is expected to do; set (by the
@@ -405,6 +407,24 @@ fn probe_out(x: &Input<'_>, peers: &Peers) -> bool {
     peers.probing || x.load.busy()
 }
 
+/// A typical node's rates (`mean`) as much slower (or faster) as the node's `pace` says.
+fn at_pace(mean: Rates, pace: Option<NodePace>) -> Rates {
+    match pace {
+        Some(pace) => Rates {
+            decode_spt: mean.decode_spt.map(|s| s * pace.decode),
+            decode_spt_per_stream: mean.decode_spt_per_stream.map(|s| s * pace.decode),
+            prefill_tps: mean.prefill_tps.map(|t| t / pace.prefill.unwrap_or(1.0)),
+            // Scaled by the node's pace, a typical rate read off one prompt length is no floor
+            // of this node's to raise back to that rate (`predict`): that undid the pace (a
+            // Mac reading 1,200 prompt tokens/s was priced at a GPU's 22,000 for its untried
+            // model, and sent 12,000-token prompts).
+            prefill_floor: mean.prefill_floor && pace.prefill.is_none(),
+            ..mean
+        },
+        None => mean,
+    }
+}
+
 fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     let twin = x.twin.filter(|_| x.rates.observed == 0);
     // The rates the node's pace scaled (decode, prefill), when the typical node is the
@@ -443,26 +463,7 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
                 });
             // A typical node of the model, as much slower (or faster) as the node was than
             // the fleet on the models they both served.
-            let typical = match x.node_pace {
-                Some(pace) => Rates {
-                    decode_spt: peers.mean.decode_spt.map(|s| s * pace.decode),
-                    decode_spt_per_stream: peers
-                        .mean
-                        .decode_spt_per_stream
-                        .map(|s| s * pace.decode),
-                    prefill_tps: peers
-                        .mean
-                        .prefill_tps
-                        .map(|t| t / pace.prefill.unwrap_or(1.0)),
-                    // Scaled by the node's pace, a typical rate read off one prompt length is
-                    // no floor of this node's to raise back to that rate (`predict`): that
-                    // undid the pace (a Mac reading 1,200 prompt tokens/s was priced at a
-                    // GPU's 22,000 for its untried model, and sent 12,000-token prompts).
-                    prefill_floor: peers.mean.prefill_floor && pace.prefill.is_none(),
-                    ..peers.mean
-                },
-                None => peers.mean,
-            };
+            let typical = at_pace(peers.mean, x.node_pace);
             paced = x.node_pace.map_or((false, false), |pace| {
                 (
                     peers.mean.decode_spt.is_some(),
@@ -540,7 +541,10 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // A rate the pair has not measured yet (a line too flat to read it from: only short
     // prompts so far) is the fleet's typical one before it is a prior: a prior far below the
     // real rate would keep the pair from ever getting the prompts that would measure it.
-    let typical = x.peer.filter(|_| !held_back(x)).map(|p| p.mean);
+    let typical = x
+        .peer
+        .filter(|_| !held_back(x))
+        .map(|peers| at_pace(peers.mean, x.node_pace));
     let spt1 = positive(r.decode_spt)
         .or(positive(x.node.decode_tps).map(|tps| 1.0 / tps))
         .or_else(|| typical.and_then(|t| positive(t.decode_spt)))

@@ -1476,14 +1476,15 @@ fn an_untried_pair_is_priced_at_its_nodes_pace_against_the_fleet() {
     assert!((p.prefill_tps - 4_000.0).abs() < 1e-6, "{p:?}");
 }
 
-/// The typical rate of an untried pair's model may be read off one prompt length only (a
-/// floor, `Rates::prefill_floor`); scaled by the node's pace it is still the node's estimate,
-/// not a floor of its own to raise back to the typical rate, which undid the pace: by URL only
-/// on `rag-agents`, the Mac, which reads 1,200 prompt tokens/s of `llama` where the GPU reads
-/// 25,000, was priced for its untried `qwen` at the GPU's 22,000 and sent 12,000-token prompts
-/// (10.7 s to the first token).
+/// An untried pair is priced at the typical rates of its model times its node's pace against
+/// the nodes those rates are from (`decide::pace_for`), not against the whole fleet; and a
+/// typical rate read off one prompt length only (a floor, `Rates::prefill_floor`) scaled so is
+/// the node's estimate, not a floor of its own to raise back to the typical rate, which undid
+/// the pace: by URL only on `rag-agents`, the Mac, which reads 1,200 prompt tokens/s of `llama`
+/// where the GPU reads 25,000, was priced for its untried `qwen` at the GPU's 22,000 and sent
+/// 12,000-token prompts (10.7 s to the first token).
 #[test]
-fn a_paced_typical_prefill_is_not_raised_back_to_the_typical_floor() {
+fn an_untried_pair_is_paced_against_the_nodes_its_typical_rates_are_from() {
     let f = fleet_of_4_seats(vec![
         node("mini", vec![loaded("llama", 2.0)]),
         node(
@@ -1510,13 +1511,27 @@ fn a_paced_typical_prefill_is_not_raised_back_to_the_typical_floor() {
         ..seen(100.0)
     };
     let fleet = TableLoads::default()
-        .rated(0, "llama", rated(900.0, 0.02, true))
+        .rated(0, "llama", rated(1_500.0, 0.02, false))
         .rated(1, "llama", rated(1_200.0, 0.0053, false))
         .rated(2, "llama", rated(25_000.0, 0.0086, false))
         .rated(2, "qwen", rated(22_000.0, 0.0095, true));
     let d = at(&req(&["qwen"], 3_162), &f, &fleet);
     let mac = predicted(&d, 1);
-    // 22,000 over the Mac's pace on `llama` (25,000 / 1,200; the mini's floor left out).
+    // 22,000 over the Mac's pace on `llama` against the GPU, whose rates the typical ones
+    // are (25,000 / 1,200), not against the fleet (the mini, as slow as the Mac, would make
+    // it 5x slower only: 4,300 prompt tokens/s).
     assert_near(mac.prefill_tps, 22_000.0 * 1_200.0 / 25_000.0, &mac);
     assert_eq!(d.winner().unwrap().node_id, "gpu");
+    // Answered once without a prefill rate learned (one prompt length, too short to read
+    // one off), it is priced so still.
+    let once = fleet.rated(
+        1,
+        "qwen",
+        Rates {
+            prefill_tps: None,
+            ..rated(1.0, 0.004, false)
+        },
+    );
+    let mac = predicted(&at(&req(&["qwen"], 3_162), &f, &once), 1);
+    assert_near(mac.prefill_tps, 22_000.0 * 1_200.0 / 25_000.0, &mac);
 }

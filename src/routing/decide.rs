@@ -158,7 +158,7 @@ fn decide_once(
     let mut node_ends: Vec<f64> = Vec::new();
     // Completion mode: per model, the fleet's observed rates (read when an untried pair
     // needs its node's pace, once per model).
-    let mut logs: Vec<(&str, completion::LogRates)> = Vec::new();
+    let mut logs: Observers = Vec::new();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
         // Completion mode, the node full: what runs and waits on it across its models.
@@ -250,11 +250,21 @@ fn decide_once(
                             };
                             let input = if own.observed == 0 {
                                 let s = *shown.get_or_insert_with(|| {
-                                    node_shown(fleet, node, idx, loads, now_ms, &mut logs)
+                                    node_shown(fleet, node, idx, loads, now_ms, &mut logs, None)
                                 });
                                 Input {
                                     node_best: s.best,
-                                    node_pace: s.pace,
+                                    node_pace: pace_for(
+                                        fleet, node, idx, loads, now_ms, &mut logs, name,
+                                    )
+                                    .or(s.pace),
+                                    ..input
+                                }
+                            } else if unmeasured(&own) {
+                                Input {
+                                    node_pace: pace_for(
+                                        fleet, node, idx, loads, now_ms, &mut logs, name,
+                                    ),
                                     ..input
                                 }
                             } else {
@@ -570,6 +580,7 @@ fn add_cached_prefix(
         let rates = post.rates[idx * n_models + pos];
         // As the first pass predicted it, the node's best for a pair it has not served
         // included: without it the owner of an untried model was priced at priors here.
+        let mut logs = Vec::new();
         let shown = (rates.observed == 0).then(|| {
             node_shown(
                 post.fleet,
@@ -577,9 +588,24 @@ fn add_cached_prefix(
                 idx,
                 post.loads,
                 post.now_ms,
-                &mut Vec::new(),
+                &mut logs,
+                None,
             )
         });
+        let pace = (rates.observed == 0 || unmeasured(&rates))
+            .then(|| {
+                pace_for(
+                    post.fleet,
+                    node,
+                    idx,
+                    post.loads,
+                    post.now_ms,
+                    &mut logs,
+                    name,
+                )
+            })
+            .flatten()
+            .or(shown.and_then(|s| s.pace));
         let mut ends = Vec::new();
         let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
         let node_in_flight = post.loads.node_in_flight(idx);
@@ -602,7 +628,7 @@ fn add_cached_prefix(
             rates,
             peer: post.peers[pos],
             node_best: shown.and_then(|s| s.best),
-            node_pace: shown.and_then(|s| s.pace),
+            node_pace: pace,
             twin: twin(post.fleet, post.rates, idx, pos, n_models),
             needed_tokens: eliminate::needed_tokens(req, node),
             now_ms: post.now_ms,
@@ -663,25 +689,40 @@ struct Shown {
     pace: Option<completion::NodePace>,
 }
 
-/// `logs`: per model, the fleet's observed rates, filled as needed (shared across nodes).
+/// Per model, the nodes that observed it and their rates (filled as needed, shared across
+/// the nodes of one decision).
+type Observers<'f> = Vec<(&'f str, Vec<(usize, Rates)>)>;
+
+/// `logs`: per model, the fleet's observed rates (`Observers`). `against`: the pace is read
+/// against these nodes only (else against every node that served the same models).
 fn node_shown<'f>(
     fleet: &'f FleetView,
     node: &super::types::NodeView,
     idx: usize,
     loads: &dyn Loads,
     now_ms: u64,
-    logs: &mut Vec<(&'f str, completion::LogRates)>,
+    logs: &mut Observers<'f>,
+    against: Option<&[usize]>,
 ) -> Shown {
     let mut best: Option<Rates> = None;
     let mut served = Vec::new();
     let mut ends = Vec::new();
+    let sums = |model: &str, logs: &mut Observers<'f>| {
+        let mut all = completion::LogRates::default();
+        for (j, r) in observers(fleet, loads, model, logs) {
+            if *j != idx && against.is_none_or(|a| a.contains(j)) {
+                all.add(r);
+            }
+        }
+        all
+    };
     for m in &node.models {
         let r = loads.rates(idx, &m.name);
         if r.observed > 0 {
             let b = best.get_or_insert(Rates::default());
             b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
             b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
-            served.push((r, fleet_logs(fleet, loads, &m.name, logs), true));
+            served.push((r, sums(&m.name, logs), false));
         }
         let load = loads.model(idx, &m.name);
         let live = seat_ends(loads, idx, &m.name, &load, now_ms, &mut ends)
@@ -696,7 +737,7 @@ fn node_shown<'f>(
                     decode_spt: Some(spt),
                     ..Rates::default()
                 };
-                served.push((streaming, fleet_logs(fleet, loads, &m.name, logs), false));
+                served.push((streaming, sums(&m.name, logs), false));
             }
         }
     }
@@ -706,31 +747,67 @@ fn node_shown<'f>(
     }
 }
 
-/// The observed rates of every pair of `model` in the fleet (`logs` keeps them per model).
-fn fleet_logs<'f>(
+/// The pace of node `idx` for `model` against the nodes that observed `model`, on the other
+/// models it shares with them: those nodes' rates are the typical ones it is scaled from
+/// (`completion::effective_rates`). Against the whole fleet, a Mac that reads prompts 20x
+/// slower than the GPU, the only node that had answered its untried model, but only 3x slower
+/// than the fleet (a slow mini PC in it) was priced 7x too fast. None when no model of it was
+/// observed by those nodes (the caller falls back to the fleet).
+fn pace_for<'f>(
+    fleet: &'f FleetView,
+    node: &super::types::NodeView,
+    idx: usize,
+    loads: &dyn Loads,
+    now_ms: u64,
+    logs: &mut Observers<'f>,
+    model: &str,
+) -> Option<completion::NodePace> {
+    let peers: Vec<usize> = observers(fleet, loads, model, logs)
+        .iter()
+        .map(|(j, _)| *j)
+        .filter(|j| *j != idx)
+        .collect();
+    if peers.is_empty() {
+        return None;
+    }
+    node_shown(fleet, node, idx, loads, now_ms, logs, Some(&peers)).pace
+}
+
+/// A pair that answered without teaching one of its rates yet (prompts of one length only,
+/// replies not streamed): priced from the typical node of its model for that rate.
+fn unmeasured(r: &Rates) -> bool {
+    r.decode_spt.is_none() || r.prefill_tps.is_none()
+}
+
+/// The nodes that observed `model` and their rates (`logs` keeps them per model).
+fn observers<'f, 'l>(
     fleet: &'f FleetView,
     loads: &dyn Loads,
     model: &str,
-    logs: &mut Vec<(&'f str, completion::LogRates)>,
-) -> completion::LogRates {
-    if let Some((_, l)) = logs.iter().find(|(m, _)| *m == model) {
-        return *l;
-    }
-    let mut all = completion::LogRates::default();
-    let mut name = None;
-    for (j, n) in fleet.nodes.iter().enumerate() {
-        if let Some(m) = n.model(model) {
-            name.get_or_insert(m.name.as_str());
-            let r = loads.rates(j, model);
-            if r.observed > 0 {
-                all.add(&r);
+    logs: &'l mut Observers<'f>,
+) -> &'l [(usize, Rates)] {
+    let at = match logs.iter().position(|(m, _)| *m == model) {
+        Some(at) => at,
+        None => {
+            let mut seen = Vec::new();
+            let mut name = None;
+            for (j, n) in fleet.nodes.iter().enumerate() {
+                if let Some(m) = n.model(model) {
+                    name.get_or_insert(m.name.as_str());
+                    let r = loads.rates(j, model);
+                    if r.observed > 0 {
+                        seen.push((j, r));
+                    }
+                }
             }
+            let Some(name) = name else {
+                return &[];
+            };
+            logs.push((name, seen));
+            logs.len() - 1
         }
-    }
-    if let Some(name) = name {
-        logs.push((name, all));
-    }
-    all
+    };
+    &logs[at].1
 }
 
 /// For a pair never observed, the same model's rates on the node of the same machine
