@@ -762,6 +762,10 @@ fn pace_for<'f>(
     logs: &mut Observers<'f>,
     model: &str,
 ) -> Option<completion::NodePace> {
+    // Alone, no peer (and the decision allocates nothing for it).
+    if fleet.nodes.len() < 2 {
+        return None;
+    }
     let peers: Vec<usize> = observers(fleet, loads, model, logs)
         .iter()
         .map(|(j, _)| *j)
