@@ -385,7 +385,9 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
                 let live = n.live.lock();
                 live.polled && (!measures || (live.measure_passed && !live.measuring))
             };
-            let deadline = Instant::now() + Duration::from_secs(20);
+            // The measurements take as much longer as the scenario is stretched (a CPU box's
+            // at life's pace took more than 20 s).
+            let deadline = Instant::now() + Duration::from_secs(20).mul_f64(sc.stretch.max(1.0));
             while !gw.fleet.nodes().iter().all(|n| ready(n)) {
                 assert!(Instant::now() < deadline, "gateway never polled the fleet");
                 std::thread::sleep(Duration::from_millis(20));
