@@ -337,6 +337,12 @@ fn stalled_first_token(fleet: &Fleet, d: &Dispatch, o: &Observation, retried: bo
     }
     let (first, due) = (o.ttft_s?, c.predicted_first_s?.max(0.0));
     let ahead = o.prefill_ahead_s.filter(|a| a.is_finite()).unwrap_or(0.0);
+    let ms = |s: f64| (s.max(0.0) * 1000.0) as u64;
+    // Most answers are on time: nothing more is read for them (the stretch below only makes
+    // a stall harder to reach).
+    if !crate::fleet::is_stall(ms(first - ahead - due), ms(due)) {
+        return None;
+    }
     let seen_spt = match o.output_tokens {
         Some(out) if out >= 2 => (o.service_s - first) / f64::from(out),
         _ => 0.0,
@@ -352,7 +358,6 @@ fn stalled_first_token(fleet: &Fleet, d: &Dispatch, o: &Observation, retried: bo
         1.0
     };
     let late = first - ahead - due * slower;
-    let ms = |s: f64| (s.max(0.0) * 1000.0) as u64;
     if !crate::fleet::is_stall(ms(late), ms(due * slower)) {
         return None;
     }
