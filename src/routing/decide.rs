@@ -158,7 +158,7 @@ fn decide_once(
     let mut node_ends: Vec<f64> = Vec::new();
     // Completion mode: per model, the fleet's observed rates (read when an untried pair
     // needs its node's pace, once per model).
-    let mut logs: Observers = Vec::new();
+    let mut logs = PaceCache::default();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
         // Completion mode, the node full: what runs and waits on it across its models.
@@ -580,7 +580,7 @@ fn add_cached_prefix(
         let rates = post.rates[idx * n_models + pos];
         // As the first pass predicted it, the node's best for a pair it has not served
         // included: without it the owner of an untried model was priced at priors here.
-        let mut logs = Vec::new();
+        let mut logs = PaceCache::default();
         let shown = (rates.observed == 0).then(|| {
             node_shown(
                 post.fleet,
@@ -689,40 +689,101 @@ struct Shown {
     pace: Option<completion::NodePace>,
 }
 
-/// Per model, the nodes that observed it and their rates (filled as needed, shared across
-/// the nodes of one decision).
-type Observers<'f> = Vec<(&'f str, Vec<(usize, Rates)>)>;
+/// What the paces of one decision read, filled as needed and shared across its nodes: per
+/// model, which nodes observed it; the sums of the logs of their rates, over all of them and
+/// over those that also observed another model (the one an untried pair is priced for).
+#[derive(Default)]
+struct PaceCache<'f> {
+    /// Per model, `observed[j]`: node `j` answered it.
+    observed: Vec<(&'f str, Vec<bool>)>,
+    /// Per (model, model it is read against: None for the whole fleet), the sums.
+    sums: Vec<(&'f str, Option<&'f str>, completion::LogRates)>,
+}
 
-/// `logs`: per model, the fleet's observed rates (`Observers`). `against`: the pace is read
-/// against these nodes only (else against every node that served the same models).
+impl<'f> PaceCache<'f> {
+    /// Index into `observed` of `model` (None: no node lists it).
+    fn observers(&mut self, fleet: &'f FleetView, loads: &dyn Loads, model: &str) -> Option<usize> {
+        if let Some(at) = self.observed.iter().position(|(m, _)| *m == model) {
+            return Some(at);
+        }
+        let mut name = None;
+        let seen = fleet
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(j, n)| match n.model(model) {
+                Some(m) => {
+                    name.get_or_insert(m.name.as_str());
+                    loads.rates(j, model).observed > 0
+                }
+                None => false,
+            })
+            .collect();
+        self.observed.push((name?, seen));
+        Some(self.observed.len() - 1)
+    }
+
+    /// Whether node `j` answered `model`.
+    fn answered(&mut self, fleet: &'f FleetView, loads: &dyn Loads, model: &str, j: usize) -> bool {
+        self.observers(fleet, loads, model)
+            .is_some_and(|at| self.observed[at].1[j])
+    }
+
+    /// The log rates of `model` over the nodes that answered it (and `against`, when given).
+    fn sums(
+        &mut self,
+        fleet: &'f FleetView,
+        loads: &dyn Loads,
+        model: &str,
+        against: Option<&str>,
+    ) -> completion::LogRates {
+        let (Some(m), a) = (
+            self.observers(fleet, loads, model),
+            against.and_then(|a| self.observers(fleet, loads, a)),
+        ) else {
+            return completion::LogRates::default();
+        };
+        if against.is_some() && a.is_none() {
+            return completion::LogRates::default();
+        }
+        let key = (self.observed[m].0, a.map(|a| self.observed[a].0));
+        if let Some((_, _, l)) = self.sums.iter().find(|(x, y, _)| (*x, *y) == key) {
+            return *l;
+        }
+        let mut all = completion::LogRates::default();
+        for (j, seen) in self.observed[m].1.iter().enumerate() {
+            if *seen && a.is_none_or(|a| self.observed[a].1[j]) {
+                all.add(&loads.rates(j, model));
+            }
+        }
+        self.sums.push((key.0, key.1, all));
+        all
+    }
+}
+
+/// `logs`: what the decision's paces read. `against`: the pace is read against the nodes that
+/// answered this model only (else against every node that served the same models).
 fn node_shown<'f>(
     fleet: &'f FleetView,
     node: &super::types::NodeView,
     idx: usize,
     loads: &dyn Loads,
     now_ms: u64,
-    logs: &mut Observers<'f>,
-    against: Option<&[usize]>,
+    logs: &mut PaceCache<'f>,
+    against: Option<&str>,
 ) -> Shown {
     let mut best: Option<Rates> = None;
     let mut served = Vec::new();
     let mut ends = Vec::new();
-    let sums = |model: &str, logs: &mut Observers<'f>| {
-        let mut all = completion::LogRates::default();
-        for (j, r) in observers(fleet, loads, model, logs) {
-            if *j != idx && against.is_none_or(|a| a.contains(j)) {
-                all.add(r);
-            }
-        }
-        all
-    };
+    // Its own rates are among the sums when it answered the models read against.
+    let counted = against.is_none_or(|a| logs.answered(fleet, loads, a, idx));
     for m in &node.models {
         let r = loads.rates(idx, &m.name);
         if r.observed > 0 {
             let b = best.get_or_insert(Rates::default());
             b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
             b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
-            served.push((r, sums(&m.name, logs), false));
+            served.push((r, logs.sums(fleet, loads, &m.name, against), counted));
         }
         let load = loads.model(idx, &m.name);
         let live = seat_ends(loads, idx, &m.name, &load, now_ms, &mut ends)
@@ -737,7 +798,7 @@ fn node_shown<'f>(
                     decode_spt: Some(spt),
                     ..Rates::default()
                 };
-                served.push((streaming, sums(&m.name, logs), false));
+                served.push((streaming, logs.sums(fleet, loads, &m.name, against), false));
             }
         }
     }
@@ -747,71 +808,41 @@ fn node_shown<'f>(
     }
 }
 
-/// The pace of node `idx` for `model` against the nodes that observed `model`, on the other
+/// The pace of node `idx` for `model` against the nodes that answered `model`, on the other
 /// models it shares with them: those nodes' rates are the typical ones it is scaled from
 /// (`completion::effective_rates`). Against the whole fleet, a Mac that reads prompts 20x
 /// slower than the GPU, the only node that had answered its untried model, but only 3x slower
 /// than the fleet (a slow mini PC in it) was priced 7x too fast. None when no model of it was
-/// observed by those nodes (the caller falls back to the fleet).
+/// answered by those nodes (the caller falls back to the fleet).
 fn pace_for<'f>(
     fleet: &'f FleetView,
     node: &super::types::NodeView,
     idx: usize,
     loads: &dyn Loads,
     now_ms: u64,
-    logs: &mut Observers<'f>,
+    logs: &mut PaceCache<'f>,
     model: &str,
 ) -> Option<completion::NodePace> {
     // Alone, no peer (and the decision allocates nothing for it).
     if fleet.nodes.len() < 2 {
         return None;
     }
-    let peers: Vec<usize> = observers(fleet, loads, model, logs)
+    let at = logs.observers(fleet, loads, model)?;
+    let others = logs.observed[at]
+        .1
         .iter()
-        .map(|(j, _)| *j)
-        .filter(|j| *j != idx)
-        .collect();
-    if peers.is_empty() {
+        .enumerate()
+        .any(|(j, seen)| *seen && j != idx);
+    if !others {
         return None;
     }
-    node_shown(fleet, node, idx, loads, now_ms, logs, Some(&peers)).pace
+    node_shown(fleet, node, idx, loads, now_ms, logs, Some(model)).pace
 }
 
 /// A pair that answered without teaching one of its rates yet (prompts of one length only,
 /// replies not streamed): priced from the typical node of its model for that rate.
 fn unmeasured(r: &Rates) -> bool {
     r.decode_spt.is_none() || r.prefill_tps.is_none()
-}
-
-/// The nodes that observed `model` and their rates (`logs` keeps them per model).
-fn observers<'f, 'l>(
-    fleet: &'f FleetView,
-    loads: &dyn Loads,
-    model: &str,
-    logs: &'l mut Observers<'f>,
-) -> &'l [(usize, Rates)] {
-    let at = match logs.iter().position(|(m, _)| *m == model) {
-        Some(at) => at,
-        None => {
-            let mut seen = Vec::new();
-            let mut name = None;
-            for (j, n) in fleet.nodes.iter().enumerate() {
-                if let Some(m) = n.model(model) {
-                    name.get_or_insert(m.name.as_str());
-                    let r = loads.rates(j, model);
-                    if r.observed > 0 {
-                        seen.push((j, r));
-                    }
-                }
-            }
-            let Some(name) = name else {
-                return &[];
-            };
-            logs.push((name, seen));
-            logs.len() - 1
-        }
-    };
-    &logs[at].1
 }
 
 /// For a pair never observed, the same model's rates on the node of the same machine
