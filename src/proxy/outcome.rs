@@ -244,7 +244,7 @@ fn learn(
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
         o.switch = idle.switch;
-    } else if let Some(late) = stalled_first_token(fleet, d, &o, retried) {
+    } else if let Some(late) = stalled_first_token(fleet, c, d.stream, &o, retried) {
         // Stalled with no load foreseen, on a node that hides its loads: what routing took it
         // for while it waited (a swap under way since its send, `routing::completion`'s
         // spells) is what it teaches, not a prefill seconds long.
@@ -330,9 +330,14 @@ fn learn(
 /// more likely queued behind seats nobody said; its idle spells cover its wakes). Not for a
 /// request that tested a full node's seats (late, it waited inside), a cold one, nor a retry
 /// (its TTFT counts the failed attempt).
-fn stalled_first_token(fleet: &Fleet, d: &Dispatch, o: &Observation, retried: bool) -> Option<f64> {
-    let c = d.choice();
-    if !d.stream || retried || c.cold || c.seat_test.is_some() {
+fn stalled_first_token(
+    fleet: &Fleet,
+    c: &crate::routing::Choice,
+    stream: bool,
+    o: &Observation,
+    retried: bool,
+) -> Option<f64> {
+    if !stream || retried || c.cold || c.seat_test.is_some() {
         return None;
     }
     let (first, due) = (o.ttft_s?, c.predicted_first_s?.max(0.0));

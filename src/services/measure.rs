@@ -232,7 +232,8 @@ fn to_pace<'a>(
     if answered {
         return Some(None);
     }
-    let mut held: Vec<Vec<String>> = Vec::new();
+    // Per model of this node, how many other nodes hold it.
+    let mut holding = vec![0usize; models.len()];
     for i in (0..fleet.len()).filter(|i| *i != idx) {
         let other = fleet.node(i);
         let live = other.live.lock();
@@ -243,20 +244,16 @@ fn to_pace<'a>(
             }
             continue;
         }
-        held.push(
-            live.models
-                .iter()
-                .filter(|m| m.loaded)
-                .map(|m| m.name.clone())
-                .collect(),
-        );
+        for (k, m) in models.iter().enumerate() {
+            holding[k] += usize::from(live.models.iter().any(|o| o.loaded && o.name == m.name));
+        }
     }
-    let holding = |name: &str| held.iter().filter(|l| l.iter().any(|m| m == name)).count();
     // The first of the most held (`max_by_key` keeps the last of equals).
     let best = models
         .iter()
-        .filter(|m| m.loaded && untried(&m.name.as_str()))
-        .map(|m| (holding(&m.name), m.name.as_str()))
+        .zip(holding)
+        .filter(|(m, _)| m.loaded && untried(&m.name.as_str()))
+        .map(|(m, n)| (n, m.name.as_str()))
         .rev()
         .max_by_key(|(n, _)| *n);
     Some(best.filter(|(n, _)| *n > 0).map(|(_, name)| name))
