@@ -12,6 +12,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
+use super::oracle::{Oracle, Want};
 use super::scenario::{gateway_yaml, Mode, Node, Scenario};
 use super::trace::{text, Trace};
 use crate::common;
@@ -23,6 +24,8 @@ pub enum Policy {
     /// The client routes straight to the nodes (no gateway hop).
     RoundRobin,
     LeastBusy,
+    /// A client-side router that knows the sims' true physics (`oracle.rs`).
+    Oracle,
 }
 
 impl Policy {
@@ -34,6 +37,7 @@ impl Policy {
             Policy::Fleetgate(Mode::LeastBusy, _) => "least-busy",
             Policy::RoundRobin => "rr-direct",
             Policy::LeastBusy => "lb-direct",
+            Policy::Oracle => "ct-oracle",
         }
     }
 }
@@ -133,11 +137,16 @@ struct Router {
     holders: Vec<(String, Vec<usize>)>,
     rr: Vec<AtomicUsize>,
     in_flight: Vec<AtomicU32>,
+    oracle: Option<Oracle>,
 }
+
+/// Where a request went: the gateway (`None`), or a node and the oracle's ticket.
+type Sent = Option<(usize, u64)>;
 
 impl Router {
     /// The gateway, or a node not in `tried`; `None` when every holder has been tried.
-    fn pick(&self, model: &str, tried: &[usize]) -> Option<(String, Option<usize>)> {
+    fn pick(&self, want: &Want<'_>, tried: &[usize]) -> Option<(String, Sent)> {
+        let model = want.model;
         if let Some(g) = &self.gateway {
             return Some((g.clone(), None));
         }
@@ -156,8 +165,14 @@ impl Router {
             return None;
         }
         let start = self.rr[k].fetch_add(1, Ordering::Relaxed);
-        let i = match self.policy {
-            Policy::RoundRobin => on[start % on.len()],
+        let mut ticket = 0;
+        let i = match (self.policy, &self.oracle) {
+            (_, Some(o)) => {
+                let (i, t) = o.pick(want, &on, start);
+                ticket = t;
+                i
+            }
+            (Policy::RoundRobin, _) => on[start % on.len()],
             // Fewest in flight (counted by this client); ties rotate.
             _ => (0..on.len())
                 .map(|j| on[(start + j) % on.len()])
@@ -165,12 +180,15 @@ impl Router {
                 .expect("model has a holder"),
         };
         self.in_flight[i].fetch_add(1, Ordering::Relaxed);
-        Some((self.nodes[i].1.clone(), Some(i)))
+        Some((self.nodes[i].1.clone(), Some((i, ticket))))
     }
 
-    fn done(&self, i: Option<usize>) {
-        if let Some(i) = i {
+    fn done(&self, sent: Sent) {
+        if let Some((i, ticket)) = sent {
             self.in_flight[i].fetch_sub(1, Ordering::Relaxed);
+            if let Some(o) = &self.oracle {
+                o.done(i, ticket);
+            }
         }
     }
 }
@@ -184,6 +202,7 @@ async fn send(
     model: &str,
     messages: &[Value],
     (tag, prompt_tokens, output): (String, u32, u32),
+    chat: Option<(usize, u32)>,
     t0: Instant,
 ) -> (Outcome, String) {
     let body = kind.body(model, messages, output);
@@ -205,12 +224,20 @@ async fn send(
     };
     let mut reply = String::new();
     let mut tried = Vec::new();
-    while let Some((base, idx)) = router.pick(model, &tried) {
-        o.node = idx.map(|i| router.nodes[i].0.clone()).unwrap_or_default();
+    let want = Want {
+        model,
+        prompt: prompt_tokens,
+        output,
+        chat,
+    };
+    while let Some((base, sent)) = router.pick(&want, &tried) {
+        o.node = sent
+            .map(|(i, _)| router.nodes[i].0.clone())
+            .unwrap_or_default();
         attempt((client, kind), &base, &body, start, &mut o, &mut reply).await;
-        router.done(idx);
-        match idx {
-            Some(i) if o.status != 200 => tried.push(i),
+        router.done(sent);
+        match sent {
+            Some((i, _)) if o.status != 200 => tried.push(i),
             _ => break,
         }
     }
@@ -415,6 +442,15 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
             .collect(),
         rr: holders.iter().map(|_| AtomicUsize::new(0)).collect(),
         in_flight: nodes.iter().map(|_| AtomicU32::new(0)).collect(),
+        oracle: (policy == Policy::Oracle).then(|| {
+            Oracle::new(
+                nodes
+                    .iter()
+                    .zip(&sims)
+                    .map(|(n, s)| (n.spec.clone(), s.control()))
+                    .collect(),
+            )
+        }),
         holders,
     });
     let client = common::client(Duration::from_secs(120));
@@ -437,7 +473,7 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
                 let tag = format!("s{i}");
                 let msgs = [json!({"role": "user", "content": text(&tag, s.prompt_tokens.saturating_sub(4))})];
                 let what = (tag, s.prompt_tokens, s.output);
-                vec![send((&client, kind), &router, &s.model, &msgs, what, t0).await.0]
+                vec![send((&client, kind), &router, &s.model, &msgs, what, None, t0).await.0]
             }));
         }
         for (c, chat) in trace.chats.iter().enumerate() {
@@ -448,12 +484,15 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
                 let mut msgs = vec![json!({"role": "system", "content": sys})];
                 let mut prompt = chat.system_tokens;
                 let mut out = Vec::new();
+                let mut prev = 0;
                 for (k, (user, output, think)) in chat.turns.iter().enumerate() {
                     let tag = format!("c{c}.{k}");
                     msgs.push(json!({"role": "user", "content": text(&tag, user.saturating_sub(4))}));
                     prompt += (*user).max(4);
                     let what = (tag, prompt, *output);
-                    let (o, reply) = send((&client, kind), &router, &chat.model, &msgs, what, t0).await;
+                    let held = Some((c, prev));
+                    prev = prompt;
+                    let (o, reply) = send((&client, kind), &router, &chat.model, &msgs, what, held, t0).await;
                     out.push(o);
                     let reply_tokens = sim_tokens(&reply);
                     msgs.push(json!({"role": "assistant", "content": reply}));

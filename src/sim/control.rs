@@ -203,6 +203,14 @@ impl SimControl {
         f64::from_bits(self.slowdown.load(Ordering::Relaxed))
     }
 
+    /// Whether model `name` is loaded, and whether a cold load of it is in progress; `None`
+    /// when the node does not have it (the placement bench's `ct-oracle` reads it).
+    pub fn model_state(&self, name: &str) -> Option<(bool, bool)> {
+        let reg = self.models.lock();
+        let e = &reg.entries[reg.find(name)?];
+        Some((e.loaded.is_some(), e.loading.is_some()))
+    }
+
     pub(crate) fn decoding(&self) -> u32 {
         self.decoding.load(Ordering::Relaxed)
     }
