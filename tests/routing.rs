@@ -631,3 +631,87 @@ fn a_cold_load_unloads_the_model_nobody_asks_for_though_dearer_to_reload() {
         assert_eq!(loaded_on(&node_sim).await, ["hot:7b", "new:14b"]);
     });
 }
+
+/// Completion mode adds seats where the demand is. Requests for a 20 GB model wait for the
+/// one seat of each of the two nodes that hold it; two more nodes have it on disk. Priced at
+/// 10 s to read in (20 GB at the default 2 GB/s), no request would wait for that load, so none
+/// goes there cold, and the runner-up of each busy node holds it already (no pre-warm for a
+/// queue); the gateway loads it unasked where it fits in free memory, and requests are then
+/// served there too. The other, listed first and faster, would have to unload its idle model
+/// to take it: it is left alone.
+#[test]
+fn a_model_whose_requests_wait_is_loaded_where_it_fits_in_free_memory() {
+    let rt = runtime();
+    let node_spec = |decode: u32, memory_gb: u32, models: &str| {
+        format!("seats: 4\ntokens_per_sec: {decode}\nttft_ms: 1\nmemory_gb: {memory_gb}\nreply_tokens: 50\nmodels:\n{models}")
+    };
+    let held = "  - {name: m:20b, size_gb: 20, loaded: true}\n";
+    let on_disk = "  - {name: m:20b, size_gb: 20, cold_load_ms: 1500}\n  - {name: other:7b, size_gb: 5, loaded: true}\n";
+    let busy = sim(&rt, &node_spec(100, 64, held));
+    let slow = sim(&rt, &node_spec(40, 64, held));
+    let full = sim(&rt, &node_spec(150, 25, on_disk));
+    let spare = sim(&rt, &node_spec(100, 64, on_disk));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\nqueue:\n  prewarm_interval_ms: 100\n{}",
+        fleet(&[
+            node("busy", &busy, "      capacity: 1\n      memory_gb: 64\n"),
+            node("slow", &slow, "      capacity: 1\n      memory_gb: 64\n"),
+            // 5.5 GB held, 22 more needed: other:7b would have to go.
+            node("full", &full, "      memory_gb: 25\n"),
+            node("spare", &spare, "      memory_gb: 64\n"),
+        ])
+    ));
+    let ask =
+        json!({"model": "m:20b", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]});
+    let prewarms = |text: &str, node: &str| {
+        let key = format!(r#"fleetgate_queue_prewarms_total{{model="m:20b",node="{node}"}} "#);
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .map_or(0, |v| v.trim().parse::<u32>().unwrap())
+    };
+    rt.block_on(async {
+        // Measured first (before that, every pair is priced at the priors' 5 tokens/s, whose
+        // waits outlast any load).
+        eventually("the loaded pairs measured", || async {
+            gw.fleet.nodes().iter().all(|n| {
+                let live = n.live.lock();
+                live.polled && live.measure_passed && !live.measuring
+            })
+        })
+        .await;
+        let sent: Vec<_> = (0..6)
+            .map(|_| {
+                let (url, body) = (gw.url("/v1/chat/completions"), ask.clone());
+                tokio::spawn(async move {
+                    let r = client().post(url).json(&body).send().await.unwrap();
+                    assert_eq!(r.status(), 200);
+                    r.bytes().await.unwrap();
+                })
+            })
+            .collect();
+        eventually("a pre-warm of m:20b on spare", || async {
+            prewarms(&metrics(&gw).await, "spare") == 1
+        })
+        .await;
+        assert_eq!(prewarms(&metrics(&gw).await, "full"), 0);
+        for s in sent {
+            s.await.unwrap();
+        }
+        eventually("m:20b loaded on spare", || async {
+            loaded_on(&spare).await.contains(&"m:20b".to_string())
+        })
+        .await;
+        // Warm and idle now, it takes the next one.
+        let r = post(&gw, &ask, &[]).await;
+        assert_eq!(
+            (r.status().as_u16(), node_of(&r)),
+            (200, "spare".to_string())
+        );
+    });
+    assert_eq!(spare.control().stats().loads, ["m:20b"]);
+    let full_stats = full.control().stats();
+    assert!(
+        full_stats.loads.is_empty(),
+        "full kept other:7b: {full_stats:?}"
+    );
+}

@@ -231,6 +231,7 @@ pub async fn place(
         // A breaker that keeps refusing what routing picks: wait in the holding queue instead.
         if winner.is_some() && refusals < 3 {
             note(fleet, ep, req, &decision, &view);
+            crate::services::prewarm::spare_room(fleet, &view, &req.models, &decision);
             let (w, lease) = match admit::pick(fleet, &decision, board.is_some(), &share) {
                 Pick::Ready(w, lease) => (w, lease),
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.

@@ -47,6 +47,23 @@ pub fn victims(
     }
 }
 
+/// Whether a cold load of `model` on node `idx` fits as things are: the node's memory is
+/// known, and the model fits beside what it holds and the loads in progress, nothing unloaded
+/// for it.
+pub fn fits_free(
+    policy: &Policy,
+    node: &NodeView,
+    idx: usize,
+    model: &str,
+    loads: &dyn Loads,
+    watched: (u64, u64),
+) -> bool {
+    matches!(
+        room(policy, node, idx, model, loads, watched),
+        Some(Room::Fits)
+    )
+}
+
 /// Whether to read `model` back into node `idx` now, unasked: the gateway unloaded it to make
 /// room for another model, which has gone idle. Yes when its users are expected to lose more
 /// reload time per second while it is away (its learned demand times its reload time) than

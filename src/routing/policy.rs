@@ -154,6 +154,11 @@ pub struct Policy {
     /// cheapest to reload (`evict.rs`) instead of leaving the choice to the backend's own
     /// least-recently-used rule.
     pub completion_choose_evictions: bool,
+    /// A request that is to wait for a seat even on the node that finishes it first has its
+    /// model loaded, in the background, on a node the gateway manages (Ollama) that has it on
+    /// disk, fits it in free memory (nothing unloaded) and would finish it sooner with it
+    /// loaded (`services::prewarm::spare_room`).
+    pub completion_spare_loads: bool,
     /// A model a node holds in memory that no answer has measured yet is asked once, when
     /// the gateway first sees it, for a short answer (`services::measure`): its prefill and
     /// decode rates are the node's own before clients' requests would teach them.
@@ -245,6 +250,7 @@ impl Default for Policy {
             completion_explore_factor: 0.5,
             completion_keep_alive_s: 300,
             completion_choose_evictions: true,
+            completion_spare_loads: true,
             completion_measure: true,
 
             max_ranked: 16,

@@ -56,8 +56,19 @@ pub fn prediction_of(
     d: &crate::routing::Decision,
     idx: usize,
 ) -> Option<crate::routing::Prediction> {
+    prediction_of_model(d, idx, 0)
+}
+
+/// The completion-mode prediction for node `idx` and the request's model at `pos`.
+pub fn prediction_of_model(
+    d: &crate::routing::Decision,
+    idx: usize,
+    pos: usize,
+) -> Option<crate::routing::Prediction> {
     d.table.iter().find_map(|row| match row.verdict {
-        crate::routing::Verdict::Predicted { prediction } if row.node == idx && row.model == 0 => {
+        crate::routing::Verdict::Predicted { prediction }
+            if row.node == idx && row.model == pos =>
+        {
             Some(prediction)
         }
         _ => None,

@@ -6,7 +6,9 @@
 //! next request exceeds the runner-up's predicted load time, and the check interval follows
 //! observed load times (`services::completion_period`). The same pass reads back in a model
 //! the gateway unloaded to make room for another, once that one is idle and the first's users
-//! would lose more to its reload than the idle models that go for it (`restore`).
+//! would lose more to its reload than the idle models that go for it (`restore`). And, called
+//! by placement for a request that is to wait for a seat, it loads the request's model where
+//! it fits in free memory and would serve it sooner (`spare_room`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use pingora::services::background::BackgroundService;
 use super::node_api;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
-use crate::routing::{Choice, Decision, FleetView, Loads, Mode};
+use crate::routing::{Choice, Decision, FleetView, Loads, Mode, Verdict};
 
 pub struct Prewarm {
     fleet: Arc<Fleet>,
@@ -38,6 +40,11 @@ impl Prewarm {
         let view = fleet.view();
         let mut started = 0;
         for (idx, node) in fleet.nodes().iter().enumerate() {
+            // The gateway's own first measurement is no demand (and is priced at the priors
+            // until it answers).
+            if node.live.lock().measuring {
+                continue;
+            }
             for (model, c) in node.all_counters() {
                 let depth = c.in_flight.load(Ordering::Relaxed) + c.pending.load(Ordering::Relaxed);
                 if depth < if completion { 1 } else { threshold } {
@@ -63,6 +70,72 @@ impl Prewarm {
         }
         started
     }
+}
+
+/// Completion mode, a request about to wait for a seat even on the node that finishes it
+/// first (`decision`, routing's for it): its model is loaded where it fits in free memory
+/// (nothing unloaded for it) and where, loaded, the request would have finished sooner. The
+/// load costs no one a reload and adds seats where the demand is; the predicted load time
+/// does not enter (what a node takes to read a model it never loaded is the least known rate
+/// of all, and no request waits for this load). One node, the one that would finish soonest;
+/// nothing while a load of the model there is under way. True when a load started.
+pub fn spare_room(
+    fleet: &Arc<Fleet>,
+    view: &FleetView,
+    models: &[String],
+    decision: &Decision,
+) -> bool {
+    let Some(winner) = decision.winner() else {
+        return false;
+    };
+    // Cheap first: the winner's wait is its predicted finish less its run once sent.
+    let waits = match (winner.predicted_s, winner.predicted_run_s) {
+        (Some(total), Some(run)) => total > run,
+        _ => false,
+    };
+    let Some(pos) = models.iter().position(|m| *m == winner.model) else {
+        return false;
+    };
+    let policy = &fleet.config().routing.policy;
+    if !waits || policy.mode != Mode::Completion || !policy.completion_spare_loads {
+        return false;
+    }
+    let Some(best) = super::prediction_of_model(decision, winner.node, pos) else {
+        return false;
+    };
+    let watched = (fleet.watching_since_ms, super::now_ms());
+    let model = &winner.model;
+    let spare = decision
+        .table
+        .iter()
+        .filter_map(|row| match row.verdict {
+            Verdict::Predicted { prediction } if row.model == pos && prediction.load_s > 0.0 => {
+                Some((row.node, prediction.total_s - prediction.load_s))
+            }
+            _ => None,
+        })
+        .filter(|&(idx, warm)| {
+            warm < best.total_s
+                && node_api::can_manage(fleet, idx)
+                && !fleet.loading(idx, model)
+                && crate::routing::fits_free(
+                    policy,
+                    &view.nodes[idx],
+                    idx,
+                    model,
+                    &**fleet,
+                    watched,
+                )
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let Some((idx, _)) = spare else {
+        return false;
+    };
+    let why = format!(
+        "{model} waits for a seat on {} and fits in {}'s free memory",
+        winner.node_id, view.nodes[idx].id
+    );
+    start_load(fleet, idx, model, &why, false)
 }
 
 /// Completion mode: read back in the models the gateway unloaded to make room for a cold
