@@ -263,3 +263,43 @@ fn a_stalled_first_token_teaches_a_load_not_a_slow_prefill() {
         );
     });
 }
+
+/// A server that runs one request per model at a time (Ollama's per-model seats, its count
+/// unsaid behind the list) queues the rest: a request sent while others for its model run
+/// there gets its first token late by their answers, not by a swap (the model was serving).
+/// Nothing is learned as a swap: once another model ran there, the model is still expected
+/// loaded. Before, each queued answer taught a swap (on a Mac at 1,200 prompt tokens/s, 9 s
+/// of queue was taken for a load, and every request after another model expected it).
+#[test]
+fn a_first_token_late_behind_its_models_own_requests_is_no_swap() {
+    let rt = runtime();
+    let one_each = "seats: 1\nseats_per_model: true\ntokens_per_sec: 20\nttft_ms: 10\nmemory_gb: 64\nreply_tokens: 20\nmodels:\n  - {name: m:1b, size_gb: 1, loaded: true}\n  - {name: n:1b, size_gb: 1, loaded: true}\n";
+    let a = sim(&rt, one_each);
+    let gw = Gateway::start(&fleet(&[node_by_url("a", &a)]));
+    let long = json!({"model": "m:1b", "stream": true, "max_tokens": 20,
+        "messages": [{"role": "user", "content": "hello there"}]});
+    rt.block_on(async {
+        for _ in 0..2 {
+            assert_eq!(pinned(&gw, "m:1b", "a").await, "0");
+        }
+        // Both models at once: the node is seen running two.
+        for _ in 0..2 {
+            let (m, n) = tokio::join!(pinned(&gw, "m:1b", "a"), pinned(&gw, "n:1b", "a"));
+            assert_eq!((m.as_str(), n.as_str()), ("0", "0"));
+        }
+        // Two of m:1b at once: the second waits ~1 s for the first.
+        let two = (0..2).map(|_| stream_of(&gw, &long, Some("a")));
+        for (node, retries) in futures::future::join_all(two).await {
+            assert_eq!((node.as_str(), retries.as_str()), ("a", "0"));
+        }
+        assert_eq!(pinned(&gw, "n:1b", "a").await, "0");
+        let load = predicted(&gw, &ask(), "a", "load_s").await;
+        // (Before, the queue was learned as a swap: ~0.1-0.2 s expected here, ~1 s of queue
+        // averaged with the warm-up's swaps between the two models, none real.)
+        assert_eq!(load, 0.0, "m:1b expected in memory on a after n:1b ran");
+    });
+    assert!(
+        a.control().stats().loads.is_empty(),
+        "nothing was ever loaded"
+    );
+}

@@ -267,10 +267,12 @@ impl ModelCounters {
         }
     }
 
-    /// A first byte came from the pair at `now_ms`: whatever it loaded is in.
-    pub fn first_byte(&self, now_ms: u64) {
-        self.first_byte_ms.store(now_ms.max(1), Ordering::Relaxed);
+    /// A first byte came from the pair at `now_ms`: whatever it loaded is in. Returns when
+    /// the one before it came (ms; 0: none yet).
+    pub fn first_byte(&self, now_ms: u64) -> u64 {
+        let before = self.first_byte_ms.swap(now_ms.max(1), Ordering::Relaxed);
         self.end_hidden_load(self.hidden_load_since_ms.load(Ordering::Relaxed));
+        before
     }
 
     /// The hidden-load spell that started at `since` is over (not one another request started

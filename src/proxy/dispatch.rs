@@ -69,6 +69,9 @@ pub struct LearnInput {
     pub cached_on: Option<String>,
     /// Requests in flight on the node when this one was sent (itself included).
     pub concurrency: u32,
+    /// Of those, the ones for its model (itself included): more than one, the model was
+    /// serving when it went, not swapped out (`outcome::stalled_first_token`).
+    pub pair_in_flight: u32,
 }
 
 /// Where the request is and what happened to it so far.
@@ -99,6 +102,11 @@ pub struct Attempts {
     /// Sent to join a load the node hides (`IdleExpect::joined`) and one was still under way
     /// when it went: only then does its answer say anything of that load.
     pub joined_hidden_load: bool,
+    /// Seconds from the current attempt's send to the first byte of another answer of its
+    /// model on the node that came before its own (`None`: none did): the model was in memory
+    /// by then, so no load the attempt waited for lasted longer (what it waited past that, it
+    /// waited for a seat).
+    pub served_meanwhile_s: Option<f64>,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -171,6 +179,7 @@ impl Dispatch {
         st.sent_ms = now_ms;
         let choice = &self.ranked[st.current];
         st.joined_hidden_load = false;
+        st.served_meanwhile_s = None;
         st.load_under_way_s = 0.0;
         if let Some(lease) = st.lease.as_mut() {
             lease.sent();

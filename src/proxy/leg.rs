@@ -391,7 +391,8 @@ impl Exchange<'_> {
                 let sent_ms = st.sent_ms;
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
-                    lease.counters.first_byte(now);
+                    let before = lease.counters.first_byte(now);
+                    let served = (before > sent_ms).then(|| (before - sent_ms) as f64 / 1000.0);
                     let ahead = lease.first_byte(now);
                     if self.d.stream {
                         lease.start_decoding(now);
@@ -401,6 +402,7 @@ impl Exchange<'_> {
                         .filter(|f| *f > sent_ms)
                         .map(|f| (f - sent_ms) as f64 / 1000.0);
                     st.prefill_ahead_s = ahead;
+                    st.served_meanwhile_s = served;
                 }
             }
             st.body_bytes += b.len();

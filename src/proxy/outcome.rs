@@ -196,6 +196,9 @@ fn learn(
             !st.tried.is_empty(),
         )
     };
+    // No load it waited for outlasted another answer of its model streaming first.
+    let served_meanwhile_s = d.state.lock().served_meanwhile_s;
+    let at_most = |load: f64| served_meanwhile_s.map_or(load, |s| load.min(s));
     let mut o = Observation {
         now_ms: now,
         cold: c.cold,
@@ -228,7 +231,9 @@ fn learn(
         } else {
             (0.0, 0.0)
         };
-        let load = idle.load_seen(o.ttft_s, o.service_s, o.output_tokens, ratio);
+        let load = idle
+            .load_seen(o.ttft_s, o.service_s, o.output_tokens, ratio)
+            .map(at_most);
         if let Some(load) = load.filter(|l| *l > 0.0) {
             log::info!(
                 "node {}: waited {load:.2} s for a load of {} (its list said it was loaded; {}, the next request there expects it)",
@@ -244,7 +249,11 @@ fn learn(
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
         o.switch = idle.switch;
-    } else if let Some(late) = stalled_first_token(fleet, c, d.stream, &o, retried) {
+    } else if let Some(late) =
+        stalled_first_token(fleet, c, d.stream, &o, retried || l.pair_in_flight > 1)
+            .map(at_most)
+            .filter(|late| crate::fleet::is_stall((late * 1000.0) as u64, 0))
+    {
         // Stalled with no load foreseen, on a node that hides its loads: what routing took it
         // for while it waited (a swap under way since its send, `routing::completion`'s
         // spells) is what it teaches, not a prefill seconds long.
@@ -328,16 +337,19 @@ fn learn(
 /// queue behind, and stretched as much as its decode came slower than the pair's) on a node
 /// that hides its loads and lists several models: one that lists one swaps nothing (late, it
 /// more likely queued behind seats nobody said; its idle spells cover its wakes). Not for a
-/// request that tested a full node's seats (late, it waited inside), a cold one, nor a retry
-/// (its TTFT counts the failed attempt).
+/// request that tested a full node's seats (late, it waited inside), a cold one, nor one
+/// `not_alone`: a retry (its TTFT counts the failed attempt), or one sent while requests for
+/// its model were running or waiting on the node (the model was serving, not swapped out: a
+/// server that runs so many of a model at once, Ollama's per-model seats, queues the rest,
+/// and 9 s of queue on a Mac were taken for a swap).
 fn stalled_first_token(
     fleet: &Fleet,
     c: &crate::routing::Choice,
     stream: bool,
     o: &Observation,
-    retried: bool,
+    not_alone: bool,
 ) -> Option<f64> {
-    if !stream || retried || c.cold || c.seat_test.is_some() {
+    if !stream || not_alone || c.cold || c.seat_test.is_some() {
         return None;
     }
     let (first, due) = (o.ttft_s?, c.predicted_first_s?.max(0.0));
