@@ -287,9 +287,9 @@ fn a_first_token_late_behind_its_models_own_requests_is_no_swap() {
             let (m, n) = tokio::join!(pinned(&gw, "m:1b", "a"), pinned(&gw, "n:1b", "a"));
             assert_eq!((m.as_str(), n.as_str()), ("0", "0"));
         }
-        // Two of m:1b at once: the second waits ~1 s for the first.
-        let two = (0..2).map(|_| stream_of(&gw, &long, Some("a")));
-        for (node, retries) in futures::future::join_all(two).await {
+        // Three of m:1b at once: the second waits ~1 s for the first, the third ~2 s.
+        let three = (0..3).map(|_| stream_of(&gw, &long, Some("a")));
+        for (node, retries) in futures::future::join_all(three).await {
             assert_eq!((node.as_str(), retries.as_str()), ("a", "0"));
         }
         assert_eq!(pinned(&gw, "n:1b", "a").await, "0");

@@ -641,6 +641,17 @@ fn a_cold_load_unloads_the_model_nobody_asks_for_though_dearer_to_reload() {
 /// to take it: it is left alone.
 #[test]
 fn a_model_whose_requests_wait_is_loaded_where_it_fits_in_free_memory() {
+    spare_loads(true);
+}
+
+/// The same with `completion_spare_loads: false`: nothing is loaded, every request waits on
+/// the nodes that hold the model.
+#[test]
+fn spare_loads_off_loads_nothing_unasked() {
+    spare_loads(false);
+}
+
+fn spare_loads(on: bool) {
     let rt = runtime();
     let node_spec = |decode: u32, memory_gb: u32, models: &str| {
         format!("seats: 4\ntokens_per_sec: {decode}\nttft_ms: 1\nmemory_gb: {memory_gb}\nreply_tokens: 50\nmodels:\n{models}")
@@ -652,7 +663,7 @@ fn a_model_whose_requests_wait_is_loaded_where_it_fits_in_free_memory() {
     let full = sim(&rt, &node_spec(150, 25, on_disk));
     let spare = sim(&rt, &node_spec(100, 64, on_disk));
     let gw = Gateway::start(&format!(
-        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\nqueue:\n  prewarm_interval_ms: 100\n{}",
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n    completion_spare_loads: {on}\nqueue:\n  prewarm_interval_ms: 100\n{}",
         fleet(&[
             node("busy", &busy, "      capacity: 1\n      memory_gb: 64\n"),
             node("slow", &slow, "      capacity: 1\n      memory_gb: 64\n"),
@@ -689,6 +700,14 @@ fn a_model_whose_requests_wait_is_loaded_where_it_fits_in_free_memory() {
                 })
             })
             .collect();
+        if !on {
+            for s in sent {
+                s.await.unwrap();
+            }
+            let text = metrics(&gw).await;
+            assert_eq!((prewarms(&text, "spare"), prewarms(&text, "full")), (0, 0));
+            return;
+        }
         eventually("a pre-warm of m:20b on spare", || async {
             prewarms(&metrics(&gw).await, "spare") == 1
         })
@@ -708,7 +727,8 @@ fn a_model_whose_requests_wait_is_loaded_where_it_fits_in_free_memory() {
             (200, "spare".to_string())
         );
     });
-    assert_eq!(spare.control().stats().loads, ["m:20b"]);
+    let expected: &[&str] = if on { &["m:20b"] } else { &[] };
+    assert_eq!(spare.control().stats().loads, expected);
     let full_stats = full.control().stats();
     assert!(
         full_stats.loads.is_empty(),

@@ -41,10 +41,11 @@ struct Known {
 #[derive(Default)]
 struct State {
     next: u64,
-    /// Per node: what it runs (ticket, model, predicted end s), its prefix caches (per model:
-    /// the requests' keys, most recent first), cold loads it started (model, start s).
+    /// Per node: what it runs (ticket, model, predicted end s), its prefix cache (one LRU for
+    /// the node, as the sim keeps: (model, request key), most recent first), cold loads it
+    /// started (model, start s).
     running: Vec<Vec<(u64, String, f64)>>,
-    prefixes: Vec<Vec<(String, VecDeque<u64>)>>,
+    prefixes: Vec<VecDeque<(String, u64)>>,
     loads: Vec<Vec<(String, f64)>>,
 }
 
@@ -59,7 +60,7 @@ impl Oracle {
                 .collect(),
             state: Mutex::new(State {
                 running: vec![Vec::new(); n],
-                prefixes: vec![Vec::new(); n],
+                prefixes: vec![VecDeque::new(); n],
                 loads: vec![Vec::new(); n],
                 ..State::default()
             }),
@@ -75,29 +76,22 @@ impl Oracle {
         let best = order
             .clone()
             .filter_map(|i| self.estimate(&st, i, want, now).map(|t| (i, t)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
+            .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
         // No node's window holds it: the first, which answers with the error.
-        let (i, secs) = best.unwrap_or((on[start % on.len()], 0.0));
+        let (i, (secs, wait)) = best.unwrap_or((on[start % on.len()], (0.0, 0.0)));
         st.next += 1;
         let ticket = st.next;
         st.running[i].push((ticket, want.model.to_string(), now + secs));
         let key = want.chat.map_or(u64::MAX - ticket, |(c, _)| c as u64);
         let cap = self.nodes[i].spec.prefix_cache_entries as usize;
-        let caches = &mut st.prefixes[i];
-        let at = match caches.iter().position(|(m, _)| m == want.model) {
-            Some(at) => at,
-            None => {
-                caches.push((want.model.to_string(), VecDeque::new()));
-                caches.len() - 1
-            }
-        };
-        let lru = &mut caches[at].1;
-        lru.retain(|k| *k != key);
-        lru.push_front(key);
+        let lru = &mut st.prefixes[i];
+        lru.retain(|(m, k)| !(m == want.model && *k == key));
+        lru.push_front((want.model.to_string(), key));
         lru.truncate(cap);
+        // The sim starts a cold load once the request has a seat.
         if let Some((false, false)) = self.nodes[i].ctl.model_state(want.model) {
             st.loads[i].retain(|(m, _)| m != want.model);
-            st.loads[i].push((want.model.to_string(), now));
+            st.loads[i].push((want.model.to_string(), now + wait));
         }
         (i, ticket)
     }
@@ -108,9 +102,9 @@ impl Oracle {
         st.running[i].retain(|(t, _, _)| *t != ticket);
     }
 
-    /// Predicted seconds to finish `want` on node `i` from `now`; `None` when the node's
-    /// window for the model does not hold it.
-    fn estimate(&self, st: &State, i: usize, want: &Want<'_>, now: f64) -> Option<f64> {
+    /// Predicted seconds to finish `want` on node `i` from `now`, and of that the wait for a
+    /// seat; `None` when the node's window for the model does not hold it.
+    fn estimate(&self, st: &State, i: usize, want: &Want<'_>, now: f64) -> Option<(f64, f64)> {
         let k = &self.nodes[i];
         let spec = &k.spec;
         let m = spec.models.iter().find(|m| m.name == want.model)?;
@@ -148,8 +142,7 @@ impl Oracle {
             Some((c, prev)) => {
                 let holds = st.prefixes[i]
                     .iter()
-                    .find(|(name, _)| *name == m.name)
-                    .is_some_and(|(_, lru)| lru.contains(&(c as u64)));
+                    .any(|(name, k)| *name == m.name && *k == c as u64);
                 if holds {
                     prev.min(want.prompt)
                 } else {
@@ -163,9 +156,30 @@ impl Oracle {
             + spec
                 .prefill_tokens_per_sec
                 .map_or(0.0, |r| f64::from(want.prompt - cached) / (r * speed));
-        let decoding = st.running[i].len().min(seats - 1) as f64;
+        // Streams decoding beside it: the node's, each model's up to its own seats with
+        // `seats_per_model`.
+        let decoding = if spec.seats_per_model {
+            let mut per: Vec<(&str, usize)> = Vec::new();
+            for (_, model, _) in &st.running[i] {
+                match per.iter_mut().find(|(name, _)| *name == model.as_str()) {
+                    Some((_, n)) => *n += 1,
+                    None => per.push((model.as_str(), 1)),
+                }
+            }
+            per.iter()
+                .map(|(name, n)| {
+                    if *name == m.name {
+                        (*n).min(seats - 1)
+                    } else {
+                        (*n).min(seats)
+                    }
+                })
+                .sum::<usize>()
+        } else {
+            st.running[i].len().min(seats - 1)
+        } as f64;
         let rate = spec.tokens_per_sec * speed / (1.0 + spec.decode_contention * decoding);
         let decode = f64::from(want.output.min(spec.reply_tokens)) / rate;
-        Some(wait + load + (prefill + decode) * slow)
+        Some((wait + load + (prefill + decode) * slow, wait))
     }
 }

@@ -56,7 +56,13 @@ pub struct ModelCounters {
     hidden_load_switch: std::sync::atomic::AtomicBool,
     /// When the pair last sent a first byte (ms; 0: never).
     first_byte_ms: AtomicU64,
+    /// First bytes the pair sent, and the last [`FIRST_BYTES_KEPT`] of them (ms), by count.
+    first_bytes: AtomicU64,
+    first_byte_ring: [AtomicU64; FIRST_BYTES_KEPT],
 }
+
+/// First-byte times a pair keeps (`ModelCounters::first_byte_after`).
+const FIRST_BYTES_KEPT: usize = 8;
 
 /// Per running request (a `Lease` id), the ms its seat is predicted to be free again: when a
 /// full pair's next seat frees is the soonest of these, not an average (`routing::completion`);
@@ -267,12 +273,33 @@ impl ModelCounters {
         }
     }
 
-    /// A first byte came from the pair at `now_ms`: whatever it loaded is in. Returns when
-    /// the one before it came (ms; 0: none yet).
-    pub fn first_byte(&self, now_ms: u64) -> u64 {
-        let before = self.first_byte_ms.swap(now_ms.max(1), Ordering::Relaxed);
+    /// A first byte came from the pair at `now_ms`: whatever it loaded is in. `answer`: of a
+    /// successful answer (not an error's body), which is counted and kept.
+    pub fn first_byte(&self, now_ms: u64, answer: bool) {
+        let now = now_ms.max(1);
+        self.first_byte_ms.store(now, Ordering::Relaxed);
+        if answer {
+            let n = self.first_bytes.fetch_add(1, Ordering::Relaxed) + 1;
+            self.first_byte_ring[n as usize % FIRST_BYTES_KEPT].store(now, Ordering::Relaxed);
+        }
         self.end_hidden_load(self.hidden_load_since_ms.load(Ordering::Relaxed));
-        before
+    }
+
+    /// First bytes the pair has sent so far (a request reads it at its send).
+    pub fn first_bytes(&self) -> u64 {
+        self.first_bytes.load(Ordering::Relaxed)
+    }
+
+    /// When the first of the pair's first bytes after the `seen`-th came (ms); `None` while
+    /// there was none. Past [`FIRST_BYTES_KEPT`] since, the oldest kept (later than the first:
+    /// a bound, not the time).
+    pub fn first_byte_after(&self, seen: u64) -> Option<u64> {
+        let now = self.first_bytes.load(Ordering::Relaxed);
+        if now <= seen {
+            return None;
+        }
+        let n = (seen + 1).max(now.saturating_sub(FIRST_BYTES_KEPT as u64 - 1));
+        Some(self.first_byte_ring[n as usize % FIRST_BYTES_KEPT].load(Ordering::Relaxed))
     }
 
     /// The hidden-load spell that started at `since` is over (not one another request started
@@ -435,7 +462,7 @@ mod tests {
         assert_eq!(c.load().hidden_load_since_ms, Some(10_000));
         assert_eq!(c.hidden_load_sent(10_300, false), 0.3);
         assert_eq!(c.hidden_load_join(10_500), Some(0.5));
-        c.first_byte(10_600);
+        c.first_byte(10_600, true);
         assert_eq!(c.load().hidden_load_since_ms, None);
         assert_eq!(
             c.hidden_load_join(11_000),
@@ -473,7 +500,7 @@ mod tests {
             (Some(10_000), true)
         );
         p.chunk(1, 10_600);
-        c.first_byte(10_600);
+        c.first_byte(10_600, true);
         assert_eq!(read(10_700), None, "answering");
         let l = c.load();
         assert_eq!(

@@ -107,6 +107,8 @@ pub struct Attempts {
     /// by then, so no load the attempt waited for lasted longer (what it waited past that, it
     /// waited for a seat).
     pub served_meanwhile_s: Option<f64>,
+    /// The pair's first bytes counted at the current attempt's send.
+    pub first_bytes_at_send: u64,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -183,6 +185,7 @@ impl Dispatch {
         st.load_under_way_s = 0.0;
         if let Some(lease) = st.lease.as_mut() {
             lease.sent();
+            let first_bytes = lease.counters.first_bytes();
             // A request to a pair idle past the keep-alive, or displaced by another model, on a
             // node that hides its loads starts a spell in which later ones wait for the same
             // load (one placed while a request there was stalled starts it at that one's send,
@@ -200,6 +203,7 @@ impl Dispatch {
                 None => None,
             };
             st.joined_hidden_load = joined.is_some() && choice.idle.is_some_and(|i| i.joined);
+            st.first_bytes_at_send = first_bytes;
             st.load_under_way_s = if choice.cold {
                 lease.counters.load_sent(now_ms)
             } else {

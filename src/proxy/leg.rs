@@ -388,11 +388,18 @@ impl Exchange<'_> {
                 st.first_byte = Some(Instant::now());
                 // Only a test of learned seats reads when the node last freed one.
                 let seat_test = self.d.ranked[st.current].seat_test.is_some_and(|t| t.bound);
-                let sent_ms = st.sent_ms;
+                let (sent_ms, seen) = (st.sent_ms, st.first_bytes_at_send);
+                // An answer, not an error's body, shows the model in memory (to later ones).
+                let answer = st.status.is_some_and(|s| (200..300).contains(&s));
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
-                    let before = lease.counters.first_byte(now);
-                    let served = (before > sent_ms).then(|| (before - sent_ms) as f64 / 1000.0);
+                    // Another answer of its model that streamed first since its send.
+                    let served = lease
+                        .counters
+                        .first_byte_after(seen)
+                        .filter(|t| *t > sent_ms)
+                        .map(|t| (t - sent_ms) as f64 / 1000.0);
+                    lease.counters.first_byte(now, answer);
                     let ahead = lease.first_byte(now);
                     if self.d.stream {
                         lease.start_decoding(now);

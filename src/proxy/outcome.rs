@@ -198,7 +198,11 @@ fn learn(
     };
     // No load it waited for outlasted another answer of its model streaming first.
     let served_meanwhile_s = d.state.lock().served_meanwhile_s;
-    let at_most = |load: f64| served_meanwhile_s.map_or(load, |s| load.min(s));
+    // A wait cut below what reads as a load is none.
+    let at_most = |load: f64| match served_meanwhile_s.map_or(load, |s| load.min(s)) {
+        l if l < crate::routing::IdleExpect::MIN_LOAD_S => 0.0,
+        l => l,
+    };
     let mut o = Observation {
         now_ms: now,
         cold: c.cold,
@@ -252,7 +256,7 @@ fn learn(
     } else if let Some(late) =
         stalled_first_token(fleet, c, d.stream, &o, retried || l.pair_in_flight > 1)
             .map(at_most)
-            .filter(|late| crate::fleet::is_stall((late * 1000.0) as u64, 0))
+            .filter(|late| *late > 0.0)
     {
         // Stalled with no load foreseen, on a node that hides its loads: what routing took it
         // for while it waited (a swap under way since its send, `routing::completion`'s

@@ -47,21 +47,25 @@ pub fn victims(
     }
 }
 
-/// Whether a cold load of `model` on node `idx` fits as things are: the node's memory is
-/// known, and the model fits beside what it holds and the loads in progress, nothing unloaded
-/// for it.
-pub fn fits_free(
-    policy: &Policy,
-    node: &NodeView,
-    idx: usize,
-    model: &str,
-    loads: &dyn Loads,
-    watched: (u64, u64),
-) -> bool {
-    matches!(
-        room(policy, node, idx, model, loads, watched),
-        Some(Room::Fits)
-    )
+/// Whether a cold load of `model` on node `idx` fits as things are: the model is on disk
+/// there and its size known, the node's memory is known, and the model fits beside what it
+/// holds and the loads in progress, nothing unloaded for it.
+pub fn fits_free(node: &NodeView, idx: usize, model: &str, loads: &dyn Loads) -> bool {
+    node.model(model)
+        .filter(|m| !m.loaded && m.on_disk && m.resident_gb.unwrap_or(m.size_gb) > 0.0)
+        .is_some_and(|target| {
+            let need = need_gb(node, idx, target, loads);
+            need.is_finite() && need <= 0.0
+        })
+}
+
+/// GB a cold load of `target` on node `idx` needs freed first (<= 0: it fits; NaN or
+/// infinite: the node's memory cannot be judged).
+fn need_gb(node: &NodeView, idx: usize, target: &ModelView, loads: &dyn Loads) -> f64 {
+    // Being read in: for a request, or in the background.
+    let reading = |name: &str| loads.model(idx, name).busy() || loads.loading(idx, name);
+    let g = growth(node);
+    held_gb(target, g) - free_gb_held(node, &target.name, reading, g)
 }
 
 /// Whether to read `model` back into node `idx` now, unasked: the gateway unloaded it to make
@@ -111,10 +115,8 @@ fn room<'a>(
 ) -> Option<Room<'a>> {
     let target = node.model(model).filter(|m| !m.loaded)?;
     let busy = |name: &str| loads.model(idx, name).busy();
-    // Being read in: for a request, or in the background.
-    let reading = |name: &str| busy(name) || loads.loading(idx, name);
     let g = growth(node);
-    let need = held_gb(target, g) - free_gb_held(node, model, reading, g);
+    let need = need_gb(node, idx, target, loads);
     if need.is_nan() || need.is_infinite() {
         return Some(Room::None);
     }

@@ -607,7 +607,7 @@ impl IdleExpect {
     const LATE: f64 = 4.0;
     /// Shorter is not a load worth pricing, and after an idle spell a new connection (its
     /// pooled one long closed) and the node's own warm-up come first.
-    const MIN_LOAD_S: f64 = 0.25;
+    pub const MIN_LOAD_S: f64 = 0.25;
 
     /// Seconds the answer waited for a load (0: none shown; `None`: it cannot tell, e.g. a
     /// whole reply predicted from priors). Streamed: its first token against the predicted

@@ -62,7 +62,8 @@ impl Prewarm {
                     continue;
                 }
                 let why = format!("{model} queue on {} at {depth}", view.nodes[idx].id);
-                started += usize::from(start_load(fleet, runner_up.node, &model, &why, true));
+                let room = Room::Make { for_demand: true };
+                started += usize::from(start_load(fleet, runner_up.node, &model, &why, room));
             }
         }
         if completion && fleet.config().routing.policy.completion_choose_evictions {
@@ -73,12 +74,14 @@ impl Prewarm {
 }
 
 /// Completion mode, a request about to wait for a seat even on the node that finishes it
-/// first (`decision`, routing's for it): its model is loaded where it fits in free memory
-/// (nothing unloaded for it) and where, loaded, the request would have finished sooner. The
-/// load costs no one a reload and adds seats where the demand is; the predicted load time
-/// does not enter (what a node takes to read a model it never loaded is the least known rate
-/// of all, and no request waits for this load). One node, the one that would finish soonest;
-/// nothing while a load of the model there is under way. True when a load started.
+/// first (`decision`, routing's for it): its model is loaded on another node that the gateway
+/// manages, that has it on disk, fits it in free memory (nothing unloaded for it) and, with
+/// it loaded, would have finished the request sooner (priced from what was seen of the pair
+/// or its model, not the config's priors, and without the exploring discount). The load costs
+/// no one a reload and adds seats where the demand is; the predicted load time does not enter
+/// (what a node takes to read a model it never loaded is the least known rate of all, and no
+/// request waits for this load). One node, the one that would finish soonest, and one such
+/// load of a model at a time. True when a load started.
 pub fn spare_room(
     fleet: &Arc<Fleet>,
     view: &FleetView,
@@ -88,54 +91,61 @@ pub fn spare_room(
     let Some(winner) = decision.winner() else {
         return false;
     };
-    // Cheap first: the winner's wait is its predicted finish less its run once sent.
-    let waits = match (winner.predicted_s, winner.predicted_run_s) {
-        (Some(total), Some(run)) => total > run,
-        _ => false,
-    };
+    // Cheap first: the winner waits when its predicted finish exceeds its run once sent
+    // (completion mode only predicts).
+    match (winner.predicted_s, winner.predicted_run_s) {
+        (Some(total), Some(run)) if total > run => {}
+        _ => return false,
+    }
+    let policy = &fleet.config().routing.policy;
+    if !policy.completion_spare_loads {
+        return false;
+    }
     let Some(pos) = models.iter().position(|m| *m == winner.model) else {
         return false;
     };
-    let policy = &fleet.config().routing.policy;
-    if !waits || policy.mode != Mode::Completion || !policy.completion_spare_loads {
-        return false;
-    }
     let Some(best) = super::prediction_of_model(decision, winner.node, pos) else {
         return false;
     };
-    let watched = (fleet.watching_since_ms, super::now_ms());
+    // For a seat (not only behind prompts a node prefills one at a time).
+    if best.ahead == 0 && best.node_wait_s <= 0.0 {
+        return false;
+    }
     let model = &winner.model;
-    let spare = decision
-        .table
-        .iter()
+    let rows = || decision.table.iter().filter(move |row| row.model == pos);
+    let undiscount = 1.0 / policy.completion_explore_factor.clamp(1e-3, 1.0) - 1.0;
+    let spare = rows()
         .filter_map(|row| match row.verdict {
-            Verdict::Predicted { prediction } if row.model == pos && prediction.load_s > 0.0 => {
-                Some((row.node, prediction.total_s - prediction.load_s))
+            Verdict::Predicted { prediction: p }
+                if row.node != winner.node && p.load_s > 0.0 && !p.from_priors =>
+            {
+                let compute = p.prefill_s + p.decode_s;
+                let warm = p.total_s - p.load_s
+                    + if p.explored {
+                        compute * undiscount
+                    } else {
+                        0.0
+                    };
+                Some((row.node, warm))
             }
             _ => None,
         })
         .filter(|&(idx, warm)| {
             warm < best.total_s
                 && node_api::can_manage(fleet, idx)
-                && !fleet.loading(idx, model)
-                && crate::routing::fits_free(
-                    policy,
-                    &view.nodes[idx],
-                    idx,
-                    model,
-                    &**fleet,
-                    watched,
-                )
+                && !fleet.model(idx, model).busy()
+                && crate::routing::fits_free(&view.nodes[idx], idx, model, &**fleet)
         })
         .min_by(|a, b| a.1.total_cmp(&b.1));
-    let Some((idx, _)) = spare else {
+    // Last (a key formatted per node): one such load of the model at a time.
+    let Some((idx, _)) = spare.filter(|_| !rows().any(|row| fleet.loading(row.node, model))) else {
         return false;
     };
     let why = format!(
         "{model} waits for a seat on {} and fits in {}'s free memory",
         winner.node_id, view.nodes[idx].id
     );
-    start_load(fleet, idx, model, &why, false)
+    start_load(fleet, idx, model, &why, Room::Free)
 }
 
 /// Completion mode: read back in the models the gateway unloaded to make room for a cold
@@ -168,7 +178,7 @@ fn restore(fleet: &Arc<Fleet>, view: &FleetView) -> usize {
                 idx,
                 model,
                 "its users lose more while it is away",
-                false,
+                Room::Make { for_demand: false },
             )
         {
             fleet.evicted.lock().remove(&pair);
@@ -183,9 +193,18 @@ pub fn load_key(idx: usize, model: &str) -> String {
     format!("load:{idx}:{model}")
 }
 
+/// What a background load may unload first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// The idle models `node_api::make_room` picks; `for_demand` as there.
+    Make { for_demand: bool },
+    /// Nothing: it was found to fit in free memory (the node may still evict on its own).
+    Free,
+}
+
 /// Load `model` on node `idx` in the background, unless a load of it there is in progress;
-/// true when one started. `for_demand` as in `node_api::make_room`.
-fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, for_demand: bool) -> bool {
+/// true when one started.
+fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, room: Room) -> bool {
     let key = load_key(idx, model);
     if !fleet.ops.start(&key) {
         return false;
@@ -196,7 +215,9 @@ fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, for_demand
     let (fleet, model) = (fleet.clone(), model.to_string());
     tokio::spawn(async move {
         // What the load throws out is chosen as for a request's cold load.
-        node_api::make_room(&fleet, idx, &model, for_demand).await;
+        if let Room::Make { for_demand } = room {
+            node_api::make_room(&fleet, idx, &model, for_demand).await;
+        }
         if let Err(e) = node_api::load(&fleet, idx, &model).await {
             log::warn!("pre-warm {model} on {node_id}: {e}");
         }
