@@ -69,9 +69,6 @@ pub struct LearnInput {
     pub cached_on: Option<String>,
     /// Requests in flight on the node when this one was sent (itself included).
     pub concurrency: u32,
-    /// Of those, the ones for its model (itself included): more than one, the model was
-    /// serving when it went, not swapped out (`outcome::stalled_first_token`).
-    pub pair_in_flight: u32,
 }
 
 /// Where the request is and what happened to it so far.
@@ -107,8 +104,11 @@ pub struct Attempts {
     /// by then, so no load the attempt waited for lasted longer (what it waited past that, it
     /// waited for a seat).
     pub served_meanwhile_s: Option<f64>,
-    /// The pair's first bytes counted at the current attempt's send.
+    /// The pair's first bytes counted at the current attempt's send, and its requests in
+    /// flight then (itself included: more than one, the model was serving when it went, not
+    /// swapped out; `outcome::stalled_first_token`).
     pub first_bytes_at_send: u64,
+    pub pair_in_flight_at_send: u32,
     pub status: Option<u16>,
     pub first_byte: Option<Instant>,
     /// When the node last sent something (headers or a body chunk).
@@ -185,7 +185,13 @@ impl Dispatch {
         st.load_under_way_s = 0.0;
         if let Some(lease) = st.lease.as_mut() {
             lease.sent();
-            let first_bytes = lease.counters.first_bytes();
+            let (first_bytes, pair_in_flight) = (
+                lease.counters.first_bytes(),
+                lease
+                    .counters
+                    .in_flight
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
             // A request to a pair idle past the keep-alive, or displaced by another model, on a
             // node that hides its loads starts a spell in which later ones wait for the same
             // load (one placed while a request there was stalled starts it at that one's send,
@@ -204,6 +210,7 @@ impl Dispatch {
             };
             st.joined_hidden_load = joined.is_some() && choice.idle.is_some_and(|i| i.joined);
             st.first_bytes_at_send = first_bytes;
+            st.pair_in_flight_at_send = pair_in_flight;
             st.load_under_way_s = if choice.cold {
                 lease.counters.load_sent(now_ms)
             } else {

@@ -227,11 +227,6 @@ fn dispatch_for(
             .node(placement.lease.node)
             .in_flight
             .load(std::sync::atomic::Ordering::Relaxed),
-        pair_in_flight: placement
-            .lease
-            .counters
-            .in_flight
-            .load(std::sync::atomic::Ordering::Relaxed),
     };
     let sent = if model != parsed.model {
         protocol::rewrite_model(&body, &model).unwrap_or_else(|| body.clone())

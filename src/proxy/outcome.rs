@@ -185,19 +185,19 @@ fn learn(
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(c.node, &c.model);
     let node = fleet.node(c.node);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
-    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden, retried) = {
-        let st = d.state.lock();
-        (
-            st.prefill_ahead_s,
-            st.decode_streams,
-            st.load_under_way_s,
-            st.seat_freed_s,
-            d.hidden_load(&st),
-            !st.tried.is_empty(),
-        )
-    };
-    // No load it waited for outlasted another answer of its model streaming first.
-    let served_meanwhile_s = d.state.lock().served_meanwhile_s;
+    let st = d.state.lock();
+    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden) = (
+        st.prefill_ahead_s,
+        st.decode_streams,
+        st.load_under_way_s,
+        st.seat_freed_s,
+        d.hidden_load(&st),
+    );
+    // A retry's TTFT counts the failed attempt; one sent beside others of its model found it
+    // serving. No load it waited for outlasted another answer of its model streaming first.
+    let not_alone = !st.tried.is_empty() || st.pair_in_flight_at_send > 1;
+    let served_meanwhile_s = st.served_meanwhile_s;
+    drop(st);
     // A wait cut below what reads as a load is none.
     let at_most = |load: f64| match served_meanwhile_s.map_or(load, |s| load.min(s)) {
         l if l < crate::routing::IdleExpect::MIN_LOAD_S => 0.0,
@@ -253,10 +253,9 @@ fn learn(
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
         o.switch = idle.switch;
-    } else if let Some(late) =
-        stalled_first_token(fleet, c, d.stream, &o, retried || l.pair_in_flight > 1)
-            .map(at_most)
-            .filter(|late| *late > 0.0)
+    } else if let Some(late) = stalled_first_token(fleet, c, d.stream, &o, not_alone)
+        .map(at_most)
+        .filter(|late| *late > 0.0)
     {
         // Stalled with no load foreseen, on a node that hides its loads: what routing took it
         // for while it waited (a swap under way since its send, `routing::completion`'s
