@@ -36,6 +36,7 @@ fn fleet(n: usize) -> FleetView {
                         on_disk: k < 3,
                         breaker_open: false,
                         not_capable: Vec::new(),
+                        ..ModelView::default()
                     }
                 })
                 .collect();

@@ -234,3 +234,103 @@ fn a_node_that_runs_every_stream_it_is_sent_keeps_the_batching_default() {
         assert!(st["seats_seen"].as_u64() >= Some(3), "{st}");
     });
 }
+
+/// A Mac behind its URL (`backend: openai`, no `capacity`) whose Ollama runs two requests of
+/// each model at once: its own seats per model, not the node's.
+const TWO_OF_EACH: &str = "seats: 2\nseats_per_model: true\ntokens_per_sec: 100\nttft_ms: 100\nmemory_gb: 64\nreply_tokens: 60\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n  - {name: b:1b, size_gb: 1, loaded: true}\n";
+
+/// A stream of `model`, pinned to `node` when given; answers with the node that served it.
+fn spawn_stream_of(
+    gw: &Gateway,
+    model: &str,
+    pin: Option<&str>,
+) -> tokio::task::JoinHandle<String> {
+    let body: Value = json!({"model": model, "stream": true, "max_tokens": 60,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let mut req = client().post(gw.url("/v1/chat/completions")).json(&body);
+    if let Some(node) = pin {
+        req = req.header("X-Fleet-Pin-Node", node);
+    }
+    tokio::spawn(async move {
+        let r = req.send().await.expect("send");
+        assert_eq!(r.status(), 200);
+        let node = r.headers()["x-fleet-node"].to_str().unwrap().to_string();
+        assert!(r.text().await.expect("the whole stream").contains("[DONE]"));
+        node
+    })
+}
+
+/// The status row of `model` on node `idx`.
+async fn model_status(gw: &Gateway, idx: usize, model: &str) -> Value {
+    let st = admin_json(gw, "/fleet/status").await;
+    st["nodes"][idx]["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == model).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// In front of a Mac known by its URL only, whose Ollama runs two of each model at once, with
+/// a slower PC beside it: the streams of `a:1b` sent while two of them decoded waited inside
+/// the Mac, those of `b:1b` sent beside them did not. The gateway finds that `a:1b` runs two
+/// at once there (`/fleet/status`: the model's `seats_learned`), not the node (its seats stay
+/// the batching default, not shared), and from then on a third `a:1b` beside two running goes
+/// to the PC, which finishes it sooner than the Mac's queue would, where before it was priced
+/// at the Mac's four seats and sent there.
+#[test]
+fn a_models_own_seats_behind_a_url_are_found_from_the_streams_that_waited_for_them() {
+    let rt = runtime();
+    let mac = sim(&rt, TWO_OF_EACH);
+    let pc = sim(
+        &rt,
+        "seats: 8\ntokens_per_sec: 75\nttft_ms: 100\nmemory_gb: 32\nreply_tokens: 60\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n",
+    );
+    let gw = Gateway::start(&fleet(&[node_by_url("mac", &mac), node_by_url("pc", &pc)]));
+    let on_mac = |gw: &Gateway, model: &str| spawn_stream_of(gw, model, Some("mac"));
+    rt.block_on(async {
+        for m in ["a:1b", "b:1b", "a:1b"] {
+            on_mac(&gw, m).await.unwrap();
+        }
+        for _ in 0..2 {
+            spawn_stream_of(&gw, "a:1b", Some("pc")).await.unwrap();
+        }
+        for _ in 0..8 {
+            if model_status(&gw, 0, "a:1b").await["seats_learned"] == 2 {
+                break;
+            }
+            // Two of a:1b, and once they decode two more of it and one of b:1b.
+            let mut reqs: Vec<_> = (0..2).map(|_| on_mac(&gw, "a:1b")).collect();
+            eventually("two decoding", || async {
+                gw.fleet.node(0).counters("a:1b").decoding.streams() >= 2
+            })
+            .await;
+            reqs.extend((0..2).map(|_| on_mac(&gw, "a:1b")));
+            reqs.push(on_mac(&gw, "b:1b"));
+            for r in reqs {
+                r.await.unwrap();
+            }
+        }
+        let a = model_status(&gw, 0, "a:1b").await;
+        assert_eq!(
+            (&a["seats_learned"], &a["seats_seen"]),
+            (&json!(2), &json!(2)),
+            "{a}"
+        );
+        let b = model_status(&gw, 0, "b:1b").await;
+        assert_eq!(b["seats_learned"], Value::Null, "{b}");
+        let st = node_status(&gw).await;
+        assert_eq!(seats_of(&st), (Some(64), Some("default_batching")), "{st}");
+        assert_eq!(st["seats_shared"], false, "{st}");
+
+        // Two of a:1b decode on the Mac: a third waits for one of them there.
+        let running: Vec<_> = (0..2).map(|_| on_mac(&gw, "a:1b")).collect();
+        eventually("two decoding", || async {
+            gw.fleet.node(0).counters("a:1b").decoding.streams() >= 2
+        })
+        .await;
+        let third = spawn_stream_of(&gw, "a:1b", None).await.unwrap();
+        assert_eq!(third, "pc", "the Mac's a:1b seats are taken");
+        for r in running {
+            assert_eq!(r.await.unwrap(), "mac");
+        }
+    });
+}

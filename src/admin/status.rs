@@ -82,6 +82,12 @@ pub struct ModelStatus {
     pub in_flight: u32,
     pub pending: u32,
     pub seats: u32,
+    /// The most streams of this model seen decoding on the node at once.
+    pub seats_seen: u32,
+    /// On a node whose seats nobody said that serves several models: the model was found to
+    /// run no more than `seats_seen` at once (its own seats, as Ollama keeps per model);
+    /// routing prices it at those. `null`: not found.
+    pub seats_learned: Option<u32>,
     pub p75_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub observed_tps: Option<f64>,
@@ -176,6 +182,8 @@ pub fn fleet_status(fleet: &Fleet) -> FleetStatus {
                             in_flight: load.in_flight,
                             pending: load.pending,
                             seats: c.seats(),
+                            seats_seen: m.seats_seen,
+                            seats_learned: m.seats_learned,
                             p75_ms: load.p75_ms,
                             ttft_ms: c.ttft_ms(),
                             observed_tps: load.observed_tps,

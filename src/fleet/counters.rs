@@ -42,6 +42,13 @@ pub struct ModelCounters {
     pub rates: Mutex<super::PairRates>,
     /// When the requests holding its seats are predicted to end (completion mode).
     pub ends: SeatEnds,
+    /// The pair's streams, from first byte to end (its node's are `NodeState::decoding`): the
+    /// most it was seen to run at once.
+    pub decoding: crate::queue::decoding::DecodeClock,
+    /// On a node whose seats nobody said and that serves several models: whether this model
+    /// runs no more at once than it was seen to (`fleet::sharing::SeatBound`), its own seats
+    /// (Ollama's per-model `OLLAMA_NUM_PARALLEL` behind a URL).
+    pub seat_bound: Mutex<super::SeatBound>,
     /// When the first request of the cold load now in progress was sent, ms (0: none known;
     /// [`LOADED`]: the model is known to be in, so a request still marked cold from before
     /// it came in starts nothing).

@@ -344,6 +344,10 @@ pub struct RatesStore {
     /// Per node id whose seats nobody said, what its answers said of them (`SeatBound`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub seat_bounds: BTreeMap<String, super::SeatBound>,
+    /// Per pair (`node/model`) of such a node serving several models, what its answers said
+    /// of the model's own seats.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub own_seat_bounds: BTreeMap<String, super::SeatBound>,
 }
 
 impl RatesStore {
@@ -753,6 +757,9 @@ mod tests {
             bound.observe(2, 0.5, 0.5, t * 100);
         }
         store.seat_bounds.insert("b".into(), bound);
+        store
+            .own_seat_bounds
+            .insert(RatesStore::key("a", "m"), bound);
         store.save(&dir).unwrap();
         assert!(!dir.join("rates.json.tmp").exists());
         let back = RatesStore::load(&dir).unwrap();
@@ -762,6 +769,7 @@ mod tests {
             "what the node's answers said survives"
         );
         assert_eq!(back.seat_bounds["b"].seats(), Some(2));
+        assert_eq!(back.own_seat_bounds["a/m"].seats(), Some(2));
         // A file written before seats were learned reads as none learned.
         std::fs::write(dir.join(STATE_FILE), r#"{"version":1,"pairs":{}}"#).unwrap();
         assert!(RatesStore::load(&dir).unwrap().seats.is_empty());

@@ -207,6 +207,12 @@ impl Fleet {
                 store.seat_bounds.insert(cfg.id.clone(), bound);
             }
             for (model, c) in st.all_counters() {
+                let own = *c.seat_bound.lock();
+                if own != super::SeatBound::default() {
+                    store
+                        .own_seat_bounds
+                        .insert(super::RatesStore::key(&cfg.id, &model), own);
+                }
                 let rates = c.rates.lock().clone();
                 if rates != super::PairRates::default() {
                     store
@@ -221,7 +227,11 @@ impl Fleet {
     /// Write `rates.json` atomically (when some pair has been observed).
     pub fn save_rates(&self, dir: &Path) -> Result<usize, super::StoreError> {
         let store = self.rates_store();
-        if store.pairs.is_empty() && store.seats.is_empty() && store.seat_bounds.is_empty() {
+        if store.pairs.is_empty()
+            && store.seats.is_empty()
+            && store.seat_bounds.is_empty()
+            && store.own_seat_bounds.is_empty()
+        {
             return Ok(0);
         }
         store.save(dir)?;
@@ -252,6 +262,14 @@ impl Fleet {
         for (id, bound) in store.seat_bounds {
             if let Some(i) = self.index_of(&id) {
                 *self.node(i).seat_bound.lock() = bound;
+            }
+        }
+        for (key, bound) in store.own_seat_bounds {
+            let pair = key
+                .split_once('/')
+                .and_then(|(id, m)| Some((self.index_of(id)?, m)));
+            if let Some((i, model)) = pair {
+                *self.node(i).counters(model).seat_bound.lock() = bound;
             }
         }
         Ok(n)

@@ -41,6 +41,8 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     };
     view.health = effective_health(&inputs, now, p.warmup_ms);
     view.breaker_open = !st.breaker.lock().admits(now);
+    view.seats_assumed = seats_assumed(cfg, &live);
+    let assumed = view.seats_assumed;
     let (mut read_gb, mut read_s) = (0.0, 0.0);
     for m in &mut view.models {
         let counters = st.peek(&m.name);
@@ -53,12 +55,21 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
         m.breaker_open = counters
             .as_ref()
             .is_some_and(|c| !c.breaker.lock().admits(now));
+        if let Some(c) = &counters {
+            m.seats_seen = c.decoding.most();
+            // Learned of this model alone, on a node whose seats nobody said, until it is seen
+            // to run more at once.
+            m.seats_learned = c
+                .seat_bound
+                .lock()
+                .seats()
+                .filter(|s| assumed && m.seats_seen <= *s);
+        }
         m.not_capable = counters.map_or_else(Vec::new, |c| c.not_capable.active(now));
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
     view.seats_shared = st.seat_sharing.lock().shared();
     view.seats_seen = st.decoding.most();
-    view.seats_assumed = seats_assumed(cfg, &live);
     view.hides_loads = cfg.backend == crate::config::Backend::Openai;
     // A node whose seats nobody said, found to run no more than it was seen to at once: those
     // are its seats, the node's (the count is across its models), until it is seen to run

@@ -386,8 +386,9 @@ impl Exchange<'_> {
             let mut st = self.d.state.lock();
             if st.first_byte.is_none() && !b.is_empty() {
                 st.first_byte = Some(Instant::now());
-                // Only a test of learned seats reads when the node last freed one.
-                let seat_test = self.d.ranked[st.current].seat_test.is_some_and(|t| t.bound);
+                // Only a test of learned seats reads when the node (or, of the model's own
+                // seats, the pair) last freed one.
+                let seat_test = self.d.ranked[st.current].seat_test.filter(|t| t.bound);
                 let (sent_ms, seen) = (st.sent_ms, st.first_bytes_at_send);
                 // An answer, not an error's body, shows the model in memory (to later ones).
                 let answer = st.status.is_some_and(|s| (200..300).contains(&s));
@@ -404,7 +405,13 @@ impl Exchange<'_> {
                     if self.d.stream {
                         lease.start_decoding(now);
                     }
-                    let freed = seat_test.then(|| lease.node_last_end_ms());
+                    let freed = seat_test.map(|t| {
+                        if t.own {
+                            lease.pair_last_end_ms()
+                        } else {
+                            lease.node_last_end_ms()
+                        }
+                    });
                     st.seat_freed_s = freed
                         .filter(|f| *f > sent_ms)
                         .map(|f| (f - sent_ms) as f64 / 1000.0);

@@ -61,14 +61,20 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
     };
     // Its stream decoded beside more than the node was seen to run at once: routing tests a
     // node whose seats nobody said against that count (`NodeView::seats_seen`).
+    // So is a model's own count, on a node that serves several (`ModelView::seats_seen`).
     if streamed {
-        let most = fleet.node(c.node).decoding.most();
-        if fleet
-            .view()
-            .nodes
-            .get(c.node)
-            .is_some_and(|n| most > n.seats_seen)
-        {
+        let node = fleet.node(c.node);
+        let (most, pair_most) = (
+            node.decoding.most(),
+            node.peek(&c.model).map_or(0, |p| p.decoding.most()),
+        );
+        let view = fleet.view();
+        let seen = view.nodes.get(c.node).map(|n| {
+            let pair = n.model(&c.model).map_or(0, |m| m.seats_seen);
+            (n.seats_seen, pair)
+        });
+        drop(view);
+        if seen.is_some_and(|(n, p)| most > n || pair_most > p) {
             fleet.publish();
         }
     }
@@ -278,29 +284,47 @@ fn learn(
         };
         log::debug!(
             target: "fleetgate::learn",
-            "{} {}: sent to the full node, {waited:.3} s later than predicted ({:.3} s were its {} seats {})",
+            "{} {}: sent to the full {}, {waited:.3} s later than predicted ({:.3} s were its {} seats {})",
             c.node_id,
             c.model,
+            if t.own { "model" } else { "node" },
             t.shared_wait_s,
             t.seats,
             if t.bound { "all it was seen to run at once" } else { "shared" }
         );
-        // A node whose seats nobody said: whether it runs no more than it was seen to at once.
-        // Streamed, its wait is held against when a seat did free (a stream on the node
-        // ended after its send), not against the predicted ends, which a loaded server makes
-        // late; none freed before its first token: against the prediction (it did not wait).
-        let flipped = if t.bound {
-            let freed = seat_freed_s.filter(|_| o.ttft_s.is_some());
-            node.seat_bound
+        // A node whose seats nobody said: whether it (or the model, of its own seats) runs no
+        // more than it was seen to at once. Streamed, its wait is held against when a seat did
+        // free (a stream on the node, or of the model, ended after its send), not against the
+        // predicted ends, which a loaded server makes late; none freed before its first
+        // token: against the prediction (it did not wait).
+        let freed = seat_freed_s.filter(|_| o.ttft_s.is_some());
+        let wait = freed.unwrap_or(t.shared_wait_s);
+        let flipped = match (t.bound, t.own) {
+            (true, true) => node
+                .counters(&c.model)
+                .seat_bound
                 .lock()
-                .observe(t.seats, freed.unwrap_or(t.shared_wait_s), waited, now)
-        } else {
-            node.seat_sharing
+                .observe(t.seats, wait, waited, now),
+            (true, false) => node.seat_bound.lock().observe(t.seats, wait, waited, now),
+            _ => node
+                .seat_sharing
                 .lock()
-                .observe(t.shared_wait_s, waited, now)
+                .observe(t.shared_wait_s, waited, now),
         };
         if flipped {
-            if t.bound {
+            if t.own {
+                let seats = node.counters(&c.model).seat_bound.lock().seats();
+                log::info!(
+                    "node {}: {} {} (answers sent while it ran {} of them at once)",
+                    c.node_id,
+                    c.model,
+                    match seats {
+                        Some(_) => "runs no more requests at once than that: its own seats",
+                        None => "runs more requests at once than seen",
+                    },
+                    t.seats
+                );
+            } else if t.bound {
                 let seats = node.seat_bound.lock().seats();
                 log::info!(
                     "node {}: {} (answers sent while it ran {} at once)",

@@ -48,8 +48,8 @@ pub struct Lease {
     prefill: Option<prefill::Place>,
     /// Its predicted end is in `counters.ends` under this id, with its answer's progress.
     end: Option<(u64, Arc<crate::fleet::Progress>)>,
-    /// Decoding (streamed) since its first byte, on the node's clock.
-    decoding: Option<decoding::Mark>,
+    /// Decoding (streamed) since its first byte, on the node's clock and the pair's.
+    decoding: Option<(decoding::Mark, decoding::Mark)>,
 }
 
 impl Drop for Lease {
@@ -163,18 +163,28 @@ impl Lease {
         self.node_state.decoding.last_end_ms()
     }
 
-    /// The first byte of a streamed answer: the request decodes from now (`decoding`).
+    /// When a stream of its node:model last ended.
+    pub fn pair_last_end_ms(&self) -> u64 {
+        self.counters.decoding.last_end_ms()
+    }
+
+    /// The first byte of a streamed answer: the request decodes from now (`decoding`), on its
+    /// node's clock and its pair's.
     pub fn start_decoding(&mut self, now_ms: u64) {
         if self.decoding.is_none() {
-            self.decoding = Some(self.node_state.decoding.enter(now_ms));
+            self.decoding = Some((
+                self.node_state.decoding.enter(now_ms),
+                self.counters.decoding.enter(now_ms),
+            ));
         }
     }
 
     /// The answer ended: the mean number of streams that decoded on the node while it did,
     /// itself included (`None`: not streamed, or too short to tell).
     pub fn end_decoding(&mut self, now_ms: u64) -> Option<f64> {
-        let m = self.decoding.take()?;
-        self.node_state.decoding.leave(m, now_ms)
+        let (node, pair) = self.decoding.take()?;
+        self.counters.decoding.leave(pair, now_ms);
+        self.node_state.decoding.leave(node, now_ms)
     }
 }
 

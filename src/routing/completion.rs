@@ -103,6 +103,11 @@ pub struct Prediction {
     /// (`NodeView::seats_seen`).
     #[serde(skip)]
     pub shared_wait_s: f64,
+    /// On a node whose seats nobody said that serves several models: the wait were the
+    /// model's own seats only as many as it was seen to run at once (`own_test_seats`), what
+    /// its answer is tested against (`wait_s` when there is no such test).
+    #[serde(skip)]
+    pub own_wait_s: f64,
     /// Streams decoding on the node while this one does.
     pub concurrency: u32,
 
@@ -514,13 +519,32 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
 /// as many as it was seen to run at once until it runs more: a burst is not all sent to the
 /// one node whose seats nobody knows while the others sit idle (a server with 4 queues the
 /// rest inside, unseen); each time it is seen to run more at once the figure doubles.
-pub(super) fn priced_seats(node: &NodeView) -> u32 {
+///
+/// A model found to run no more at once than it was seen to (its own seats on such a node,
+/// `ModelView::seats_learned`) is priced at those.
+pub(super) fn priced_seats(node: &NodeView, model: &ModelView) -> u32 {
     let seats = node.seats.max(1);
-    if node.seats_assumed && !node.seats_shared {
+    let seats = if node.seats_assumed && !node.seats_shared {
         seats.min(node.seats_seen.max(1).saturating_mul(2))
     } else {
         seats
-    }
+    };
+    model
+        .seats_learned
+        .map_or(seats, |own| seats.min(own.max(1)))
+}
+
+/// The model's own seats a request sent now is tested against, on a node whose seats nobody
+/// said that serves several models (whose seats may be each model's, as Ollama keeps them):
+/// as many as the model was seen to run at once. `None` once they are learned, on a node with
+/// one model (its node's seats are tested, `decide::test_seats`) or with known seats.
+pub(super) fn own_test_seats(node: &NodeView, model: &ModelView) -> Option<u32> {
+    (node.seats_assumed
+        && !node.seats_shared
+        && node.models.len() > 1
+        && model.seats_learned.is_none()
+        && model.seats_seen > 0)
+        .then_some(model.seats_seen)
 }
 
 /// The better of two rates (`pick`: max or min), either one when the other is unknown.
@@ -533,7 +557,7 @@ pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) 
 
 /// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
 pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
-    let seats = priced_seats(x.node);
+    let seats = priced_seats(x.node, x.model);
     let (rates, optimistic) = effective_rates(p, x);
     let r = &rates;
     // Decode: seconds per token of one stream, then at the node's concurrency.
@@ -635,6 +659,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     } else {
         known_wait.unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
     };
+    let own_seat_wait_s = match own_test_seats(x.node, x.model) {
+        Some(t) if t < seats && depth >= t => seat_wait(t, &x.load, x.seat_ends, service_s)
+            .unwrap_or(f64::from(depth + 1 - t) / f64::from(t) * service_s),
+        _ => seat_wait_s,
+    };
     // The node's own ceiling across its models (its seats when its models share them,
     // learned; else the hard cap): past it the request waits in the gateway until one of the
     // node's running requests, whatever its model, ends. And what that wait would be were the
@@ -669,6 +698,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     };
     let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
     let wait_s = (seat_wait_s + node_wait_s).max(prefill_queue_tokens / prefill_tps);
+    let own_wait_s = (own_seat_wait_s + node_wait_s).max(wait_s);
     // The requests ahead on the pair wait for the same load (the model is not in, a request
     // holds it; or one the node hides is under way): it runs while this one waits for their
     // seats, whose predicted ends include it,
@@ -745,6 +775,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         ahead,
         node_wait_s,
         shared_wait_s,
+        own_wait_s,
         concurrency,
         pace,
         cached_tokens: cached,

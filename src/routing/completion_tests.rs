@@ -1124,6 +1124,68 @@ fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once()
     assert!(d.ranked.iter().all(|c| c.seat_test.is_none()));
 }
 
+/// A Mac known by its URL only (64 seats assumed, four seen at once) serving `a` and `b`, two
+/// of each running (`a`'s end in 3 and 5 s), `a` seen to run two at once and `b` three; beside
+/// it `other`, idle, at half its speed.
+fn mac_beside_other() -> (FleetView, TableLoads) {
+    let mut mac = node("mac", vec![loaded("a", 4.0), loaded("b", 4.0)]);
+    mac.seats = 64;
+    mac.hard_cap = 256;
+    mac.seats_assumed = true;
+    mac.seats_seen = 4;
+    mac.models[0].seats_seen = 2;
+    mac.models[1].seats_seen = 3;
+    let f = fleet(vec![
+        mac,
+        node("other", vec![loaded("a", 4.0), loaded("b", 4.0)]),
+    ]);
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(0, "b", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .rated(1, "b", seen(50.0))
+        .with(0, "a", queue(2, 0))
+        .ending(0, "a", &[3.0, 5.0])
+        .with(0, "b", queue(2, 0))
+        .ending(0, "b", &[4.0, 6.0]);
+    (f, loads)
+}
+
+/// On a node whose seats nobody said that serves several models, a request for a model with as
+/// many running as it was seen to run at once tests the model's own seats (the wait for its
+/// first to end), not the node's; one for a model under its count tests the node's. Found to
+/// run no more than two (`seats_learned`), `a` is priced at them: the third waits 3 s and goes
+/// to the slower idle node, while `b` is still priced at the node's seats.
+#[test]
+fn a_model_with_its_own_seats_behind_a_url_is_tested_and_priced_at_them() {
+    let (mut f, loads) = mac_beside_other();
+    let a = req(&["a"], 100);
+    let d = at(&a, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 0.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "mac");
+    let test = d.ranked[0].seat_test.expect("a's two running: a test");
+    assert!(test.own && test.bound && test.seats == 2, "{test:?}");
+    assert_near(test.shared_wait_s, 3.0, &p);
+
+    let b = req(&["b"], 100);
+    let d = at(&b, &f, &loads);
+    let test = d.ranked[0]
+        .seat_test
+        .expect("the node's four running: a test");
+    assert!(!test.own && test.bound && test.seats == 4, "{test:?}");
+
+    f.nodes[0].models[0].seats_learned = Some(2);
+    let d = at(&a, &f, &loads);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 3.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "other", "{p:?}");
+    assert!(d.ranked.iter().all(|c| c.seat_test.is_none()));
+    let d = at(&b, &f, &loads);
+    assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
+    assert_eq!(d.winner().unwrap().node_id, "mac");
+}
+
 /// Nodes that hide their loads (`backend: openai`): `a` answered `m` just now after waiting
 /// 1.2 s for a load its list did not show; `b` never served it.
 fn hiding_a_and_b() -> (FleetView, TableLoads) {

@@ -136,7 +136,7 @@ fn decide_once(
                     return false;
                 };
                 rates[idx * n_models + pos].observed > 0
-                    && loads.model(idx, name).depth() < completion::priced_seats(node)
+                    && loads.model(idx, name).depth() < completion::priced_seats(node, m)
                     && eliminate::window_fits(m, eliminate::needed_tokens(req, node))
                     && eliminate::node_reason(req, node, policy, loads.node_in_flight(idx))
                         .is_none()
@@ -388,7 +388,9 @@ fn decide_once(
                         Some(p.total_s),
                         (!p.from_priors).then_some(p.total_s - p.wait_s),
                         (!p.from_priors).then_some(p.first_s),
-                        seat_test(p, node, c.loaded, || loads.node_decoding(c.node)),
+                        seat_test(p, node, node.model(model), c.loaded, || {
+                            loads.node_decoding(c.node)
+                        }),
                         p.idle,
                     ),
                     _ => (None, None, None, None, None),
@@ -497,30 +499,51 @@ pub(super) fn test_seats(node: &super::types::NodeView) -> u32 {
 /// is not sent past them). The wait predicted for the prompts ahead in the node's prefill
 /// queue (the only wait left in `wait_s`) is expected either way: the answer is held against
 /// the seat's wait past it.
+///
+/// On a node whose seats nobody said that serves several models, a request sent while its
+/// model has as many requests on the node as it was ever seen to decode at once
+/// (`completion::own_test_seats`) tests the model's own seats instead, whatever the node runs
+/// beside it: when only that model runs, a wait says as much of them as of the node's, and the
+/// node's are told apart by the other models' answers (a per-model count, as Ollama keeps,
+/// taken for the node's would hold every model to one model's seats). Counted from the
+/// requests sent, not those decoding: behind a slow prefill (a Mac's 20k-token prompt takes
+/// seconds) a model's seats are held long before any first token. One sent a moment before
+/// may reach the node after this one: then this one took its seat and says it did not wait,
+/// which only delays a verdict.
 fn seat_test(
     p: &super::completion::Prediction,
     node: &super::types::NodeView,
+    model: Option<&super::types::ModelView>,
     loaded: bool,
     node_decoding: impl FnOnce() -> u32,
 ) -> Option<SeatTest> {
     let at_once = p.ahead == 0 && p.node_wait_s == 0.0;
+    if !(loaded && !node.seats_shared && !p.from_priors && at_once && p.load_s == 0.0) {
+        return None;
+    }
+    let own = model.and_then(|m| super::completion::own_test_seats(node, m));
+    let test = |shared_wait_s: f64, bound: bool, own: bool, seats: u32| {
+        let test = SeatTest {
+            first_s: p.wait_s + p.prefill_s,
+            decode_s: p.decode_s,
+            shared_wait_s,
+            bound,
+            own,
+            seats,
+        };
+        let finite = test.first_s.is_finite() && test.decode_s.is_finite();
+        let full = test.shared_wait_s.is_finite() && test.shared_wait_s > 0.0;
+        (finite && full).then_some(test)
+    };
+    if let Some(t) = own.and_then(|seats| test(p.own_wait_s - p.wait_s, true, true, seats)) {
+        return Some(t);
+    }
     let seats = test_seats(node);
     // Of the seats seen: only once that many decode (they have their seats: sent at once,
     // this one could reach the node first and take one of theirs). Read only for such a
     // node: a lock on the node's clock.
     let seen_running = !node.seats_assumed || node_decoding() >= seats;
-    let test = SeatTest {
-        first_s: p.wait_s + p.prefill_s,
-        decode_s: p.decode_s,
-        shared_wait_s: p.shared_wait_s - p.wait_s,
-        bound: node.seats_assumed,
-        seats,
-    };
-    let finite = test.first_s.is_finite() && test.decode_s.is_finite();
-    let full = test.shared_wait_s.is_finite() && test.shared_wait_s > 0.0;
-    (loaded && !node.seats_shared && !p.from_priors && at_once && seen_running && p.load_s == 0.0)
-        .then_some(test)
-        .filter(|_| finite && full)
+    test(p.shared_wait_s - p.wait_s, node.seats_assumed, false, seats).filter(|_| seen_running)
 }
 
 fn finite(total: f64) -> f64 {

@@ -28,6 +28,7 @@ fn arb_model(name: &'static str) -> impl Strategy<Value = Option<ModelView>> {
                 on_disk,
                 breaker_open: false,
                 not_capable: Vec::new(),
+                ..ModelView::default()
             })
         })
 }

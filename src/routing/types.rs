@@ -115,6 +115,13 @@ pub struct ModelView {
     pub breaker_open: bool,
     /// Endpoints this node:model answered "not here" for, until their recheck.
     pub not_capable: Vec<&'static str>,
+    /// The most streams of this model the gateway has seen the node decode at once.
+    pub seats_seen: u32,
+    /// On a node whose seats nobody said (`NodeView::seats_assumed`) that serves several
+    /// models: the model was found to run no more than `seats_seen` at once, its own seats
+    /// (Ollama's per-model parallel setting behind a URL), whatever the node's other models
+    /// run beside it. Priced at those (`completion::priced_seats`).
+    pub seats_learned: Option<u32>,
 }
 
 /// Capacity learning output for a node with learning turned on (spec 000, Adaptive Capacity).
@@ -668,6 +675,9 @@ pub struct SeatTest {
     /// Of a node whose seats nobody said: `shared_wait_s` is the wait were its seats only the
     /// `seats` it was seen to run at once (`NodeView::seats_seen`).
     pub bound: bool,
+    /// And of the model's own seats, not the node's (`ModelView::seats_seen`): the model was
+    /// seen to decode `seats` at once and has as many on the node now, which serves several.
+    pub own: bool,
     pub seats: u32,
 }
 
