@@ -454,8 +454,8 @@ fn real_llamacpp_behind_backend_openai_gets_its_slots_learned() {
         while status(&gw).await["seats_from"] != "learned" {
             rounds += 1;
             assert!(
-                rounds <= 10,
-                "not learned after 10 rounds: {}",
+                rounds <= 16,
+                "not learned after 16 rounds: {}",
                 status(&gw).await
             );
             // Two decoding, then two more: what a steady arrival of requests makes.

@@ -127,6 +127,19 @@ impl Progress {
         self.chunks.store(chunks, Ordering::Relaxed);
     }
 
+    /// How late (ms) its first token is at `now_ms`, or came: its seat frees that much later
+    /// than predicted at its send (0: on time, not streamed, or not predicted).
+    fn first_late_ms(&self, now_ms: u64) -> u64 {
+        let due = self.due_ms.load(Ordering::Relaxed);
+        if due == 0 {
+            return 0;
+        }
+        match self.first_ms.load(Ordering::Relaxed) {
+            0 => now_ms.saturating_sub(due),
+            first => first.saturating_sub(due),
+        }
+    }
+
     /// Seconds and tokens streamed after the first chunk (`None` before a second one).
     fn streamed(&self) -> Option<(f64, u32)> {
         let first = self.first_ms.load(Ordering::Relaxed);
@@ -162,7 +175,10 @@ impl SeatEnds {
         }
     }
 
-    /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`; and what the
+    /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`, each as late as
+    /// its first token is or came (a request still waiting for its first token past its due
+    /// time holds its seat for its whole decode after it: a seat behind a slow prefill or a
+    /// queue inside the node is not counted free at the end predicted before); and what the
     /// running answers have streamed so far, summed over those with at least
     /// `LIVE_MIN_TOKENS` chunks past their first, tokens being chunks times `per_chunk` (a
     /// server that sends several tokens per chunk is not read as slow), with the first send
@@ -173,6 +189,7 @@ impl SeatEnds {
         let mut live = LiveDecode::default();
         for (_, end, p) in self.0.lock().iter() {
             if *end != END_UNKNOWN {
+                let end = end.saturating_add(p.first_late_ms(now_ms));
                 out.push(end.saturating_sub(now_ms) as f64 / 1000.0);
             }
             if let Some((secs, chunks)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
@@ -522,6 +539,32 @@ mod tests {
         slow.expect_first(10_000, 12_000);
         assert_eq!(read(19_000), None);
         assert_eq!(read(20_500), Some(10_000));
+    }
+
+    /// A request predicted to start answering 1 s after its send and to end 2 s after that
+    /// holds its seat that long past its first token: still waiting for it 3 s late, its seat
+    /// frees 2 s from now, not now; its first token 1 s late puts its end 1 s later for good.
+    /// One on time, or not predicted, ends when predicted.
+    #[test]
+    fn a_seat_behind_a_late_first_token_frees_as_late() {
+        let c = ModelCounters::default();
+        let p = c.ends.set(1, 13_000);
+        p.expect_first(10_000, 11_000);
+        c.ends.set(2, 15_000);
+        let ends = |now| {
+            let mut out = Vec::new();
+            c.ends.read(now, 1.0, &mut out);
+            out
+        };
+        assert_eq!(ends(10_500), vec![2.5, 4.5], "on time so far");
+        assert_eq!(ends(14_000), vec![2.0, 1.0], "3 s late, still waiting");
+        p.chunk(1, 12_000);
+        assert_eq!(
+            ends(14_000),
+            vec![0.0, 1.0],
+            "its first token came 1 s late"
+        );
+        assert_eq!(ends(13_500), vec![0.5, 1.5]);
     }
 
     /// The first cold request starts a load, a second one joins it 3 s in; once the model is in
