@@ -74,6 +74,12 @@ pub struct Observation {
     /// request), not an idle past the keep-alive: its load is learned apart
     /// (`Rates::switch_load_s`).
     pub switch: bool,
+    /// Sent while its model, or its node, had as many requests on it as it was ever seen to
+    /// decode at once, on a node whose seats nobody said: it may have waited inside for a
+    /// seat, so a first token timed by the gateway says nothing of its prefill (what the
+    /// backend timed itself still does). Such waits taught a Mac with two seats per model a
+    /// prefill twice its 1,200 tokens/s.
+    pub seat_unsure: bool,
     /// Requests in flight on the node meanwhile (this one included): the mean of the counts
     /// at its send and its end.
     pub concurrency: u32,
@@ -248,7 +254,10 @@ impl PairRates {
                 self.whole.add(tokens, n_out, busy, now);
             }
         }
-        if let Some(p) = prefill_s.filter(|_| o.prompt_tokens > 0) {
+        let timed_by_node = o.prompt_eval_s.is_some_and(|p| p > 0.0);
+        if let Some(p) =
+            prefill_s.filter(|_| o.prompt_tokens > 0 && (timed_by_node || !o.seat_unsure))
+        {
             self.prefill.add(tokens, p, now);
             // The wait for the one ahead is measured on the gateway's clock: it comes off the
             // streamed TTFT (a backend's own prompt timing may leave the wait out). Without
@@ -418,6 +427,44 @@ mod tests {
             concurrency: streams,
             ..Observation::default()
         }
+    }
+
+    /// A node whose seats nobody said reads 1,200 prompt tokens/s. Answers sent while it was
+    /// seen to run all it had at once, whose first tokens came after seconds in its queue,
+    /// teach no prefill from those first tokens; one the node timed itself (Ollama's
+    /// `prompt_eval_duration`) still does; decode is learned from all of them.
+    #[test]
+    fn a_first_token_that_may_have_waited_for_a_seat_teaches_no_prefill() {
+        let mut p = PairRates::default();
+        let mut t = 1_000_000u64;
+        for prompt in [300u32, 4_000, 1_200, 9_000] {
+            p.observe(&response(t, prompt, 1, 1_200.0, 100.0, 0.0));
+            t += 1_000;
+        }
+        let before = p.rates().prefill_tps.expect("learned");
+        assert!(within(before, 1_200.0, 0.01), "{before}");
+        for (i, prompt) in [500u32, 6_000, 2_000, 8_000].into_iter().enumerate() {
+            let queued = response(t, prompt, 2, 1_200.0, 100.0, 0.0);
+            let wait = 3.0 + i as f64;
+            p.observe(&Observation {
+                ttft_s: queued.ttft_s.map(|f| f + wait),
+                service_s: queued.service_s + wait,
+                seat_unsure: true,
+                ..queued
+            });
+            t += 1_000;
+        }
+        let r = p.rates();
+        assert_eq!(r.prefill_tps, Some(before), "{r:?}");
+        assert_eq!(r.observed, 8);
+        let timed = response(t, 2_400, 2, 600.0, 100.0, 0.0);
+        p.observe(&Observation {
+            ttft_s: timed.ttft_s.map(|f| f + 5.0),
+            prompt_eval_s: Some(4.0),
+            seat_unsure: true,
+            ..timed
+        });
+        assert!(p.rates().prefill_tps.expect("learned") < before * 0.99);
     }
 
     fn within(est: f64, truth: f64, tol: f64) -> bool {

@@ -202,6 +202,18 @@ fn learn(
     // A retry's TTFT counts the failed attempt; one sent beside others of its model found it
     // serving. No load it waited for outlasted another answer of its model streaming first.
     let not_alone = !st.tried.is_empty() || st.pair_in_flight_at_send > 1;
+    // Beside as many of its model as were ever seen decoding at once, on a node whose seats
+    // nobody said that serves several models (whose seats may be each model's, as Ollama
+    // keeps them): its first token may have waited for one of its model's seats. (On a node
+    // with one model, a wait behind the prompts sent before is what tells its prefill queue,
+    // `Rates::prefill_shared`: those answers still teach it.)
+    let seat_unsure = fleet.view().nodes.get(c.node).is_some_and(|n| {
+        let pair_seen = n.model(&c.model).map_or(0, |m| m.seats_seen);
+        n.seats_assumed
+            && !n.seats_shared
+            && n.models.len() > 1
+            && st.pair_in_flight_at_send > pair_seen.max(1)
+    });
     let served_meanwhile_s = st.served_meanwhile_s;
     drop(st);
     // A wait cut below what reads as a load is none.
@@ -230,6 +242,7 @@ fn learn(
         idle_load_s: None,
         switch: false,
         measurement: false,
+        seat_unsure,
     };
     // Sent in a spell (idle past the keep-alive, displaced, stalled) on a node that hides its
     // loads: did the node load the model first? (A node that does once is expected to after

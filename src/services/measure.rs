@@ -454,6 +454,7 @@ async fn ask(
         prior_prefill_tps,
         prior_spt,
         measurement: true,
+        seat_unsure: false,
     };
     let rates = {
         let counters = fleet.node(idx).counters(model);
