@@ -74,11 +74,11 @@ pub struct Observation {
     /// request), not an idle past the keep-alive: its load is learned apart
     /// (`Rates::switch_load_s`).
     pub switch: bool,
-    /// Sent while its model, or its node, had as many requests on it as it was ever seen to
-    /// decode at once, on a node whose seats nobody said: it may have waited inside for a
-    /// seat, so a first token timed by the gateway says nothing of its prefill (what the
-    /// backend timed itself still does). Such waits taught a Mac with two seats per model a
-    /// prefill twice its 1,200 tokens/s.
+    /// Sent while its model had as many requests on the node as it was ever seen to decode at
+    /// once, on a node whose seats nobody said that serves several models: it may have waited
+    /// inside for one of its model's seats, so a first token timed by the gateway says nothing
+    /// of its prefill (what the backend timed itself still does). Such waits taught a Mac with
+    /// two seats per model a prefill twice its 1,200 tokens/s.
     pub seat_unsure: bool,
     /// Requests in flight on the node meanwhile (this one included): the mean of the counts
     /// at its send and its end.

@@ -84,6 +84,13 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
         view.hard_cap = cfg.hard_cap.unwrap_or(view.seats * 4).max(view.seats);
         view.seats_shared = true;
     }
+    // Found to share its seats, the node's count is what binds: a model's own verdict, from
+    // answers that could not tell the two apart, no longer prices it.
+    if view.seats_shared {
+        for m in &mut view.models {
+            m.seats_learned = None;
+        }
+    }
     if let Some(hb) = agent.fresh(now, p.miss_ms) {
         view.free_memory_gb = hb.free_memory_gb.or(view.free_memory_gb);
         view.pressure = hb.pressure;

@@ -70,7 +70,7 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         );
         let view = fleet.view();
         let seen = view.nodes.get(c.node).map(|n| {
-            let pair = n.model(&c.model).map_or(0, |m| m.seats_seen);
+            let pair = n.model(&c.model).map_or(u32::MAX, |m| m.seats_seen);
             (n.seats_seen, pair)
         });
         drop(view);
@@ -202,20 +202,19 @@ fn learn(
     // A retry's TTFT counts the failed attempt; one sent beside others of its model found it
     // serving. No load it waited for outlasted another answer of its model streaming first.
     let not_alone = !st.tried.is_empty() || st.pair_in_flight_at_send > 1;
-    // Beside as many of its model as were ever seen decoding at once, on a node whose seats
-    // nobody said that serves several models (whose seats may be each model's, as Ollama
-    // keeps them): its first token may have waited for one of its model's seats. (On a node
-    // with one model, a wait behind the prompts sent before is what tells its prefill queue,
-    // `Rates::prefill_shared`: those answers still teach it.)
-    let seat_unsure = fleet.view().nodes.get(c.node).is_some_and(|n| {
-        let pair_seen = n.model(&c.model).map_or(0, |m| m.seats_seen);
-        n.seats_assumed
-            && !n.seats_shared
-            && n.models.len() > 1
-            && st.pair_in_flight_at_send > pair_seen.max(1)
-    });
-    let served_meanwhile_s = st.served_meanwhile_s;
+    let (pair_at_send, served_meanwhile_s) = (st.pair_in_flight_at_send, st.served_meanwhile_s);
     drop(st);
+    // Beside as many of its model as were ever seen decoding at once (or as its learned seats),
+    // on a node whose seats nobody said that serves several models (whose seats may be each
+    // model's, as Ollama keeps them): its first token may have waited for one of its model's
+    // seats. (On a node with one model, a wait behind the prompts sent before is what tells
+    // its prefill queue, `Rates::prefill_shared`: those answers still teach it.)
+    let seat_unsure = fleet.view().nodes.get(c.node).is_some_and(|n| {
+        let pair_seats = n
+            .model(&c.model)
+            .map_or(0, |m| m.seats_seen.max(m.seats_learned.unwrap_or(0)));
+        n.seats_assumed && !n.seats_shared && n.models.len() > 1 && pair_at_send > pair_seats.max(1)
+    });
     // A wait cut below what reads as a load is none.
     let at_most = |load: f64| match served_meanwhile_s.map_or(load, |s| load.min(s)) {
         l if l < crate::routing::IdleExpect::MIN_LOAD_S => 0.0,

@@ -10,7 +10,7 @@
 
 use parking_lot::Mutex;
 
-/// Per node (in `NodeState`).
+/// Per node (`NodeState::decoding`) and per node:model (`ModelCounters::decoding`).
 #[derive(Debug, Default)]
 pub struct DecodeClock(Mutex<Clock>);
 

@@ -108,6 +108,10 @@ pub struct Prediction {
     /// its answer is tested against (`wait_s` when there is no such test).
     #[serde(skip)]
     pub own_wait_s: f64,
+    /// Its model has as many requests on the node as it was seen to run at once
+    /// (`own_test_seats`): its answer tests the model's seats or nothing, never the node's.
+    #[serde(skip)]
+    pub own_full: bool,
     /// Streams decoding on the node while this one does.
     pub concurrency: u32,
 
@@ -523,15 +527,21 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
 /// A model found to run no more at once than it was seen to (its own seats on such a node,
 /// `ModelView::seats_learned`) is priced at those.
 pub(super) fn priced_seats(node: &NodeView, model: &ModelView) -> u32 {
-    let seats = node.seats.max(1);
-    let seats = if node.seats_assumed && !node.seats_shared {
-        seats.min(node.seats_seen.max(1).saturating_mul(2))
-    } else {
-        seats
-    };
+    let seats = node_priced_seats(node);
     model
         .seats_learned
         .map_or(seats, |own| seats.min(own.max(1)))
+}
+
+/// The node's seats as priced, across its models (what its concurrency and its ceiling are
+/// counted against; one model's own seats are not the node's).
+fn node_priced_seats(node: &NodeView) -> u32 {
+    let seats = node.seats.max(1);
+    if node.seats_assumed && !node.seats_shared {
+        seats.min(node.seats_seen.max(1).saturating_mul(2))
+    } else {
+        seats
+    }
 }
 
 /// The model's own seats a request sent now is tested against, on a node whose seats nobody
@@ -557,7 +567,7 @@ pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) 
 
 /// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
 pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
-    let seats = priced_seats(x.node, x.model);
+    let (node_seats, seats) = (node_priced_seats(x.node), priced_seats(x.node, x.model));
     let (rates, optimistic) = effective_rates(p, x);
     let r = &rates;
     // Decode: seconds per token of one stream, then at the node's concurrency.
@@ -581,7 +591,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .or(Some(p.completion_contention_prior * spt1))
         .filter(|b| b.is_finite())
         .map_or(0.0, |b| b.max(0.0));
-    let concurrency = x.node_in_flight.saturating_add(1).min(seats).max(1);
+    let concurrency = x.node_in_flight.saturating_add(1).min(node_seats).max(1);
     let pace = pace(x.live, spt1, per_stream);
     let per_stream = per_stream * pace;
     let mut spt = spt1 * pace + per_stream * f64::from(concurrency - 1);
@@ -659,9 +669,11 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     } else {
         known_wait.unwrap_or(f64::from(ahead) / f64::from(seats) * service_s)
     };
-    let own_seat_wait_s = match own_test_seats(x.node, x.model) {
+    let own_test = own_test_seats(x.node, x.model);
+    let own_full = own_test.is_some_and(|t| depth >= t);
+    let own_seat_wait_s = match own_test {
         Some(t) if t < seats && depth >= t => seat_wait(t, &x.load, x.seat_ends, service_s)
-            .unwrap_or(f64::from(depth + 1 - t) / f64::from(t) * service_s),
+            .unwrap_or(f64::from(depth.saturating_add(1) - t) / f64::from(t) * service_s),
         _ => seat_wait_s,
     };
     // The node's own ceiling across its models (its seats when its models share them,
@@ -684,16 +696,16 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         seat_wait(cap, &load, x.node_ends, service_s)
             .unwrap_or(f64::from(ahead) / f64::from(cap) * service_s)
     };
-    let shared_wait_s = node_wait(seats);
+    let shared_wait_s = node_wait(node_seats);
     let node_wait_s = match x.node.hard_cap {
         _ if x.node.seats_shared => shared_wait_s,
         0 => 0.0,
-        cap if cap <= seats => shared_wait_s,
+        cap if cap <= node_seats => shared_wait_s,
         cap => node_wait(cap),
     };
     // A node whose seats nobody said is tested against as many as it was seen to run.
     let shared_wait_s = match super::decide::test_seats(x.node) {
-        t if t < seats => node_wait(t),
+        t if t < node_seats => node_wait(t),
         _ => shared_wait_s,
     };
     let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
@@ -776,6 +788,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         node_wait_s,
         shared_wait_s,
         own_wait_s,
+        own_full,
         concurrency,
         pace,
         cached_tokens: cached,

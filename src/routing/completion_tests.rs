@@ -1184,6 +1184,19 @@ fn a_model_with_its_own_seats_behind_a_url_is_tested_and_priced_at_them() {
     let d = at(&b, &f, &loads);
     assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
     assert_eq!(d.winner().unwrap().node_id, "mac");
+
+    // None of `a` running, two of `b`: `a` starts at once and decodes beside the node's two,
+    // its own two seats are not the node's.
+    let only_b = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "b", queue(2, 0))
+        .ending(0, "b", &[4.0, 6.0]);
+    let d = at(&a, &f, &only_b);
+    let p = predicted(&d, 0);
+    assert_near(p.wait_s, 0.0, &p);
+    assert_eq!(p.concurrency, 3, "{p:?}");
+    assert_eq!(d.winner().unwrap().node_id, "mac");
 }
 
 /// Nodes that hide their loads (`backend: openai`): `a` answered `m` just now after waiting

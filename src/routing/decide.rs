@@ -535,8 +535,9 @@ fn seat_test(
         let full = test.shared_wait_s.is_finite() && test.shared_wait_s > 0.0;
         (finite && full).then_some(test)
     };
-    if let Some(t) = own.and_then(|seats| test(p.own_wait_s - p.wait_s, true, true, seats)) {
-        return Some(t);
+    if p.own_full {
+        // Its model at its own count: the model's seats, or nothing (a wait could be either's).
+        return own.and_then(|seats| test(p.own_wait_s - p.wait_s, true, true, seats));
     }
     let seats = test_seats(node);
     // Of the seats seen: only once that many decode (they have their seats: sent at once,
