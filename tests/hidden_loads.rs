@@ -85,6 +85,20 @@ fn a_load_hidden_behind_the_model_list_is_learned_and_expected_after_the_keep_al
         let (first, _) = stream(&gw, None).await;
         let other = if first == "a" { "b" } else { "a" };
         assert_eq!(loads(&first), 1, "the first request loaded the model");
+        // The gateway learns from an answer once it has sent it whole: the client can ask
+        // before that.
+        let idx = usize::from(first == "b");
+        eventually("the first answer learned", || async {
+            gw.fleet
+                .node(idx)
+                .counters("m:1b")
+                .rates
+                .lock()
+                .rates()
+                .observed
+                >= 1
+        })
+        .await;
         // The node that has it in memory keeps the model's requests: the other would load it
         // too (its list says loaded, as the first one's did).
         let load = predicted_load(&gw, other).await;

@@ -216,9 +216,19 @@ impl Dispatch {
             } else {
                 joined.unwrap_or(0.0)
             };
+            // Of the wait it was predicted, what it spent in the gateway's queue is over; the
+            // rest it waits inside the node (a seat the gateway does not hold it for, the
+            // node's prefill queue), before its first token and its end. A failover's attempt
+            // goes later than its decision: only the first one is counted so.
+            let wait_s = match (choice.predicted_s, choice.predicted_run_s) {
+                (Some(total), Some(run)) if st.current == 0 => (total - run).max(0.0),
+                _ => 0.0,
+            };
+            let passed_s = wait_s.min(self.queue_wait.as_secs_f64());
             match (choice.predicted_run_s, choice.predicted_s) {
                 (Some(run_s), _) => {
-                    lease.expect_end(now_ms.saturating_add((run_s.max(0.0) * 1000.0) as u64))
+                    let left_s = run_s.max(0.0) + wait_s - passed_s;
+                    lease.expect_end(now_ms.saturating_add((left_s * 1000.0) as u64))
                 }
                 (None, Some(_)) => lease.expect_unknown_end(),
                 (None, None) => {}
@@ -226,7 +236,8 @@ impl Dispatch {
             // A request sent to a node whose seats were all taken tests them: a late first
             // token is its answer (it waited inside), not a stall.
             let judged = self.stream && choice.seat_test.is_none();
-            if let Some(first_s) = choice.predicted_first_s.filter(|_| judged) {
+            let first = choice.predicted_first_s.map(|f| f - passed_s);
+            if let Some(first_s) = first.filter(|_| judged) {
                 lease.expect_first(
                     now_ms,
                     now_ms.saturating_add((first_s.max(0.0) * 1000.0) as u64),
