@@ -190,6 +190,7 @@ fn learn(
     let (evaluated, counted) = evaluated_tokens(base, reported, credited);
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(c.node, &c.model);
     let node = fleet.node(c.node);
+    let counters = node.counters(&c.model);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
     let st = d.state.lock();
     let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden) = (
@@ -213,7 +214,7 @@ fn learn(
         let pair_seats = n
             .model(&c.model)
             .map_or(0, |m| m.seats_seen.max(m.seats_learned.unwrap_or(0)));
-        n.seats_assumed && !n.seats_shared && n.models.len() > 1 && pair_at_send > pair_seats.max(1)
+        n.own_seats_unknown() && pair_at_send > pair_seats.max(1)
     });
     // A wait cut below what reads as a load is none.
     let at_most = |load: f64| match served_meanwhile_s.map_or(load, |s| load.min(s)) {
@@ -311,37 +312,30 @@ fn learn(
         // token: against the prediction (it did not wait).
         let freed = seat_freed_s.filter(|_| o.ttft_s.is_some());
         let wait = freed.unwrap_or(t.shared_wait_s);
-        let flipped = match (t.bound, t.own) {
-            (true, true) => node
-                .counters(&c.model)
-                .seat_bound
+        // Of the model's own seats, its pair's line; else the node's.
+        let bound = if t.own {
+            &counters.seat_bound
+        } else {
+            &node.seat_bound
+        };
+        let flipped = if t.bound {
+            bound.lock().observe(t.seats, wait, waited, now)
+        } else {
+            node.seat_sharing
                 .lock()
-                .observe(t.seats, wait, waited, now),
-            (true, false) => node.seat_bound.lock().observe(t.seats, wait, waited, now),
-            _ => node
-                .seat_sharing
-                .lock()
-                .observe(t.shared_wait_s, waited, now),
+                .observe(t.shared_wait_s, waited, now)
         };
         if flipped {
-            if t.own {
-                let seats = node.counters(&c.model).seat_bound.lock().seats();
+            if t.bound {
+                let whose = if t.own {
+                    format!("{} ", c.model)
+                } else {
+                    String::new()
+                };
                 log::info!(
-                    "node {}: {} {} (answers sent while it ran {} of them at once)",
+                    "node {}: {whose}{} (answers sent while it ran {} at once)",
                     c.node_id,
-                    c.model,
-                    match seats {
-                        Some(_) => "runs no more requests at once than that: its own seats",
-                        None => "runs more requests at once than seen",
-                    },
-                    t.seats
-                );
-            } else if t.bound {
-                let seats = node.seat_bound.lock().seats();
-                log::info!(
-                    "node {}: {} (answers sent while it ran {} at once)",
-                    c.node_id,
-                    match seats {
+                    match bound.lock().seats() {
                         Some(_) => "runs no more requests at once than that: its seats",
                         None => "runs more requests at once than seen",
                     },
@@ -358,7 +352,6 @@ fn learn(
             fleet.publish();
         }
     }
-    let counters = node.counters(&c.model);
     let mut rates = counters.rates.lock();
     rates.observe(&o);
     // `RUST_LOG=fleetgate::learn=debug`: what each response taught (beside the decisions'

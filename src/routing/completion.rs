@@ -549,11 +549,7 @@ fn node_priced_seats(node: &NodeView) -> u32 {
 /// as many as the model was seen to run at once. `None` once they are learned, on a node with
 /// one model (its node's seats are tested, `decide::test_seats`) or with known seats.
 pub(super) fn own_test_seats(node: &NodeView, model: &ModelView) -> Option<u32> {
-    (node.seats_assumed
-        && !node.seats_shared
-        && node.models.len() > 1
-        && model.seats_learned.is_none()
-        && model.seats_seen > 0)
+    (node.own_seats_unknown() && model.seats_learned.is_none() && model.seats_seen > 0)
         .then_some(model.seats_seen)
 }
 

@@ -197,6 +197,13 @@ impl NodeView {
     pub fn model(&self, name: &str) -> Option<&ModelView> {
         self.models.iter().find(|m| m.name == name)
     }
+
+    /// Nobody said its seats, none were learned for the node, and it serves several models:
+    /// its seats may be each model's own (Ollama's per-model parallel setting behind a URL),
+    /// learned per model (`ModelView::seats_learned`).
+    pub fn own_seats_unknown(&self) -> bool {
+        self.seats_assumed && !self.seats_shared && self.models.len() > 1
+    }
 }
 
 /// The fleet at one moment: built when the fleet changes, shared read-only.
