@@ -141,3 +141,63 @@ fn header_less_chat_stays_spills_and_agrees_across_gateways() {
         }
     });
 }
+
+/// An Ollama that counts only what it prefilled (`prompt_eval_count` before it had a cached
+/// count beside it): a chat's later turns report a few dozen tokens for ~3,000 characters of
+/// history. The gateway's prompt estimate stays the prompt's size: taken as whole counts,
+/// they had capped it near their count, and the next turn's prefill was priced at nothing.
+#[test]
+fn a_chat_on_a_node_that_counts_only_what_it_prefilled_keeps_its_prompt_estimate() {
+    let rt = runtime();
+    let sims = [sim(&rt, &spec())];
+    let gw = Gateway::start(&config(&sims));
+    rt.block_on(async {
+        let mut counts = Vec::new();
+        for turns in 1..=6 {
+            let mut body = chat(turns);
+            body["stream"] = false.into();
+            body["options"] = json!({"num_predict": 8});
+            let r = client()
+                .post(gw.url("/api/chat"))
+                .json(&body)
+                .send()
+                .await
+                .expect("request");
+            assert_eq!(r.status(), 200);
+            let answer: Value = r.json().await.expect("answer");
+            counts.push(
+                answer["prompt_eval_count"]
+                    .as_u64()
+                    .expect("prompt_eval_count"),
+            );
+        }
+        assert!(
+            counts[1..].iter().all(|c| *c < counts[0] / 4),
+            "later turns count only their new part: {counts:?}"
+        );
+        eventually("six answers learned", || async {
+            gw.fleet
+                .node(0)
+                .counters(MODEL)
+                .rates
+                .lock()
+                .rates()
+                .observed
+                >= 6
+        })
+        .await;
+        // What the node counts for the seventh turn (the sim: ceil(chars / 4) + 4 per message).
+        let next = chat(7);
+        let messages = next["messages"].as_array().expect("messages");
+        let real: u64 = messages
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().len().div_ceil(4) as u64 + 4)
+            .sum();
+        let report = explain(&gw, "/fleet/explain/api/chat", &next).await;
+        let estimate = report["prompt_tokens"].as_u64().expect("prompt_tokens");
+        assert!(
+            estimate.abs_diff(real) * 10 <= real,
+            "estimated {estimate} tokens, the node counts {real} (answers counted {counts:?})"
+        );
+    });
+}

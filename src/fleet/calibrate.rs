@@ -12,8 +12,18 @@
 //! - overhead: the median of `y - x / cpt` over all samples, bounded to 0..=[`MAX_OVERHEAD`];
 //!   two rounds (rate, overhead, rate, overhead);
 //! - never above what was served: the estimate for `x` characters is at most the smallest `y`
-//!   of a sample with at least `x` characters, so a prompt as long as one a node served is
-//!   never estimated bigger than that one really was.
+//!   of a whole sample with at least `x` characters, so a prompt as long as one a node served
+//!   is never estimated bigger than that one really was.
+//!
+//! Whole and lower-bound samples: a count next to a reported cache count (OpenAI
+//! `cached_tokens`, Ollama `prompt_eval_cached_count`) is the whole prompt. Without one it may
+//! be only what the node prefilled: Ollama's `prompt_eval_count` (native and `/v1`) left the
+//! cached tokens out before 0.30 and omits them in some versions still. A conversation's
+//! later turns, whose history the node holds, then report a few hundred tokens for thousands
+//! of characters: taken whole, they drove the rate to its bound and capped every estimate at
+//! their count (a 2,300-token turn estimated at 140, its prefill priced at nothing). So a
+//! lower-bound sample never caps the estimate, and one that reads sparser than any tokenizer
+//! writes text ([`LOWER_MAX_CPT`]) is not kept.
 //!
 //! Before any sample the estimate is exactly `ceil(chars / default)` (spec 000's formula).
 
@@ -28,11 +38,16 @@ pub const RATE_MIN_CHARS: usize = 256;
 pub const MIN_CPT: f64 = 1.0;
 pub const MAX_CPT: f64 = 12.0;
 pub const MAX_OVERHEAD: f64 = 512.0;
+/// A lower-bound sample of at least [`RATE_MIN_CHARS`] reading more characters per token than
+/// this was partly cached: tokenizers write natural text and code at ~2.5-5.
+pub const LOWER_MAX_CPT: f64 = 6.0;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Sample {
     chars: f64,
     tokens: f64,
+    /// The node counted the whole prompt (else it may have left its cached part out).
+    whole: bool,
 }
 
 #[derive(Debug, Default)]
@@ -80,7 +95,7 @@ impl ModelCal {
         let served = self
             .samples
             .iter()
-            .filter(|s| s.chars >= chars as f64)
+            .filter(|s| s.whole && s.chars >= chars as f64)
             .map(|s| s.tokens)
             .fold(f64::INFINITY, f64::min);
         fit.min(served.ceil()).max(0.0) as u64
@@ -115,7 +130,8 @@ impl Calibration {
 
     /// One sample: the prompt had `prompt_chars` characters of text and the node counted
     /// `prompt_tokens`, of which `fixed_tokens` are per-message/per-image tokens the estimate
-    /// charges anyway. Returns the chars-per-token rate after it.
+    /// charges anyway; `whole` when that count is the whole prompt, not only its uncached part
+    /// (module doc). Returns the chars-per-token rate after it, None when not kept.
     pub fn observe(
         &self,
         model: &str,
@@ -123,12 +139,19 @@ impl Calibration {
         prompt_tokens: u32,
         fixed_tokens: u32,
         default: f64,
+        whole: bool,
     ) -> Option<f64> {
         if prompt_tokens == 0 {
             return None;
         }
         let default = sane(default);
         let tokens = f64::from(prompt_tokens.saturating_sub(fixed_tokens));
+        if !whole
+            && prompt_chars >= RATE_MIN_CHARS
+            && prompt_chars as f64 > LOWER_MAX_CPT * tokens.max(1.0)
+        {
+            return None;
+        }
         let mut map = self.by_model.write();
         if !map.contains_key(model) {
             map.insert(model.to_string(), ModelCal::default());
@@ -140,6 +163,7 @@ impl Calibration {
         c.samples.push_back(Sample {
             chars: prompt_chars as f64,
             tokens,
+            whole,
         });
         c.refit(default);
         Some(c.cpt.unwrap_or(default))
@@ -198,11 +222,11 @@ mod tests {
         );
         for _ in 0..40 {
             // 3000 chars, 1004 tokens of which 4 are the message overhead: 3 chars/token.
-            c.observe("m", 3000, 1004, 4, 4.0);
+            c.observe("m", 3000, 1004, 4, 4.0, true);
         }
         assert!((c.chars_per_token("m", 4.0) - 3.0).abs() < 0.01);
         assert_eq!(c.chars_per_token("other", 4.0), 4.0, "per model");
-        c.observe("x", 100_000, 20, 0, 4.0);
+        c.observe("x", 100_000, 20, 0, 4.0, true);
         assert!(c.chars_per_token("x", 4.0) <= MAX_CPT);
     }
 
@@ -214,7 +238,7 @@ mod tests {
         let c = Calibration::default();
         for n in 0..60 {
             let prompt = format!("hi {n}");
-            c.observe("smol", prompt.len(), 34, 4, 4.0);
+            c.observe("smol", prompt.len(), 34, 4, 4.0, true);
         }
         assert_eq!(
             c.chars_per_token("smol", 4.0),
@@ -224,7 +248,7 @@ mod tests {
         assert!((c.overhead_tokens("smol") - 29.0).abs() < 1.5);
         let long = c.text_tokens("smol", 13_847, 4.0);
         assert!(long < 3_600, "13,847 chars estimated at {long}");
-        c.observe("smol", 13_847, 2_972, 4, 4.0);
+        c.observe("smol", 13_847, 2_972, 4, 4.0, true);
         let cpt = c.chars_per_token("smol", 4.0);
         assert!((4.5..5.0).contains(&cpt), "{cpt}");
         assert!(
@@ -234,21 +258,49 @@ mod tests {
         assert!(c.text_tokens("smol", 13_000, 4.0) <= 2_968);
         // More short chats afterwards do not move the rate.
         for n in 0..60 {
-            c.observe("smol", format!("hi {n}").len(), 34, 4, 4.0);
+            c.observe("smol", format!("hi {n}").len(), 34, 4, 4.0, true);
         }
         assert!((c.chars_per_token("smol", 4.0) - cpt).abs() < 0.05);
         assert!(c.text_tokens("smol", 13_847, 4.0) <= 2_968);
+    }
+
+    /// Ollama's `prompt_eval_count` without `prompt_eval_cached_count`: a chat's later turns
+    /// report only what the node prefilled. Seen on the multi-turn bench: taken whole, ~9,300
+    /// chars counted ~250 tokens, and every prompt up to that size was estimated at 140-260.
+    #[test]
+    fn counts_that_may_leave_the_cache_out_neither_cap_nor_thin_the_estimate() {
+        let c = Calibration::default();
+        // First turns, nothing cached: 8,000 chars, 2,004 tokens (4 chars/token).
+        for _ in 0..4 {
+            assert!(c.observe("chat", 8_000, 2_004, 4, 4.0, false).is_some());
+        }
+        // Later turns: 9,300 chars, the node prefilled the last 254 tokens.
+        for _ in 0..20 {
+            assert_eq!(c.observe("chat", 9_300, 254, 4, 4.0, false), None);
+        }
+        assert!((c.chars_per_token("chat", 4.0) - 4.0).abs() < 0.01);
+        let est = c.text_tokens("chat", 9_300, 4.0);
+        assert!((2_300..2_400).contains(&est), "{est}");
+        // A lower bound caps nothing: 4,000 chars counted as 600 (partly cached, 6.7 > 6
+        // chars/token: not kept) or as 900 (4.4: kept, the rate moves a little).
+        assert_eq!(c.observe("chat", 4_000, 604, 4, 4.0, false), None);
+        c.observe("chat", 4_000, 904, 4, 4.0, false);
+        let est = c.text_tokens("chat", 3_000, 4.0);
+        assert!(est > 700, "{est}");
+        // A whole count (a cache count beside it) still caps what was served.
+        c.observe("chat", 4_000, 904, 4, 4.0, true);
+        assert!(c.text_tokens("chat", 4_000, 4.0) <= 900);
     }
 
     #[test]
     fn rate_is_bounded_and_dense_text_is_learned() {
         let c = Calibration::default();
         // Dense text: 8,000 chars -> 5,408 tokens (1.48 chars/token).
-        c.observe("d", 8_000, 5_412, 4, 4.0);
+        c.observe("d", 8_000, 5_412, 4, 4.0, true);
         let cpt = c.chars_per_token("d", 4.0);
         assert!((1.4..1.6).contains(&cpt), "{cpt}");
         assert!(c.text_tokens("d", 16_000, 4.0) > 10_000);
-        c.observe("e", 10_000, 1, 0, 4.0);
+        c.observe("e", 10_000, 1, 0, 4.0, true);
         assert_eq!(c.chars_per_token("e", 4.0), MAX_CPT);
     }
 }

@@ -21,7 +21,8 @@ pub struct Observed {
     /// Ollama's prompt evaluation (llama.cpp `prompt_ms`) and model load times.
     pub prompt_eval_duration_ns: Option<u64>,
     pub load_duration_ns: Option<u64>,
-    /// Prompt tokens the node took from its prefix cache (OpenAI `cached_tokens`).
+    /// Prompt tokens the node took from its prefix cache (OpenAI `cached_tokens`, Ollama
+    /// `prompt_eval_cached_count`), counted in `prompt_tokens`.
     pub cached_tokens: Option<u32>,
 }
 
@@ -135,7 +136,7 @@ impl StreamObserver {
             eval_duration_ns: find(&[Key::EvalDuration, Key::PredictedMs]),
             prompt_eval_duration_ns: find(&[Key::PromptEvalDuration, Key::PromptMs]),
             load_duration_ns: find(&[Key::LoadDuration]),
-            cached_tokens: u32_of(find(&[Key::CachedTokens])),
+            cached_tokens: u32_of(find(&[Key::CachedTokens, Key::PromptEvalCachedCount])),
         };
         self.finished = Some(o);
         o
@@ -166,13 +167,16 @@ enum Key {
     PromptEvalDuration,
     LoadDuration,
     CachedTokens,
+    /// Ollama (releases since August 2026): the prompt tokens read from its cache, counted in
+    /// `prompt_eval_count`.
+    PromptEvalCachedCount,
     /// llama.cpp `timings`: milliseconds with a fraction, read as nanoseconds.
     PromptMs,
     PredictedMs,
 }
 
 /// The JSON names of [`Key`], in its order.
-const KEYS: [&[u8]; 12] = [
+const KEYS: [&[u8]; 13] = [
     b"prompt_tokens",
     b"prompt_eval_count",
     b"input_tokens",
@@ -183,6 +187,7 @@ const KEYS: [&[u8]; 12] = [
     b"prompt_eval_duration",
     b"load_duration",
     b"cached_tokens",
+    b"prompt_eval_cached_count",
     b"prompt_ms",
     b"predicted_ms",
 ];
@@ -324,6 +329,14 @@ mod tests {
         assert_eq!(o.prompt_tokens, Some(30));
         assert_eq!(o.completion_tokens, Some(2));
         assert_eq!(o.eval_duration_ns, Some(40_000_000));
+        assert_eq!(
+            o.cached_tokens, None,
+            "an older Ollama says nothing of its cache"
+        );
+        let o = observe(&[
+            "{\"done\":true,\"prompt_eval_count\":2400,\"prompt_eval_cached_count\":2300,\"eval_count\":2}\n",
+        ]);
+        assert_eq!((o.prompt_tokens, o.cached_tokens), (Some(2400), Some(2300)));
         let one = observe(&["{\"response\":\"hi\",\"done\":true,\"eval_count\":9}"]);
         assert_eq!(one.output_tokens(), Some(9));
         let plain = observe(&["{\"choices\":[]}"]);

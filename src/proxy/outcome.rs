@@ -89,9 +89,14 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         );
         if let Some(pt) = o.prompt_tokens {
             let default = fleet.config().routing.chars_per_token;
-            fleet
-                .calibration
-                .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);
+            fleet.calibration.observe(
+                &c.model,
+                d.prompt_chars,
+                pt,
+                d.prompt_fixed_tokens,
+                default,
+                true,
+            );
         }
     }
     if let Some(outcome) = classify(status, upstream_error, unreachable) {
@@ -139,10 +144,22 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             .tokens
             .with_label_values(&[labels[0], labels[1], "in"])
             .inc_by(u64::from(pt));
-        let default = fleet.config().routing.chars_per_token;
-        fleet
-            .calibration
-            .observe(&c.model, d.prompt_chars, pt, d.prompt_fixed_tokens, default);
+        // Without a cache count beside it, the count may be only the part the node prefilled
+        // (`fleet::calibrate`): sent where the conversation was cached, it is, and says
+        // nothing of the prompt's size.
+        let whole = observed.cached_tokens.is_some();
+        let on_cached = d.learn.cached_on.as_deref() == Some(c.node_id.as_str());
+        if whole || !on_cached {
+            let default = fleet.config().routing.chars_per_token;
+            fleet.calibration.observe(
+                &c.model,
+                d.prompt_chars,
+                pt,
+                d.prompt_fixed_tokens,
+                default,
+                whole,
+            );
+        }
     }
 }
 
@@ -359,7 +376,13 @@ fn learn(
     log::debug!(target: "fleetgate::learn", "{} {}: {o:?} -> {:?}", c.node_id, c.model, rates.rates());
     drop(rates);
     if let Some(key) = l.affinity_key {
-        let held = base.saturating_add(observed.output_tokens().unwrap_or(0));
+        // A count without a cache count beside it may be only what was prefilled
+        // (`fleet::calibrate`): the node holds at least the prompt as estimated.
+        let prompt = match observed.cached_tokens {
+            Some(_) => base,
+            None => base.max(l.prompt_tokens),
+        };
+        let held = prompt.saturating_add(observed.output_tokens().unwrap_or(0));
         fleet.prefixes.remember(key, c.node, held, now);
     }
 }
