@@ -201,3 +201,43 @@ fn a_chat_on_a_node_that_counts_only_what_it_prefilled_keeps_its_prompt_estimate
         );
     });
 }
+
+/// One-shot requests that share a system prompt (an agent's), each with its own question and
+/// no header: after the first, they go where that system prompt is cached, and the node's
+/// prefix cache shows the reuse.
+#[test]
+fn requests_that_share_a_system_prompt_go_where_it_is_cached() {
+    let rt = runtime();
+    let sims: Vec<_> = (0..3).map(|_| sim(&rt, &spec())).collect();
+    let gw = Gateway::start(&config(&sims));
+    let ask = |q: usize| {
+        json!({"model": MODEL, "max_tokens": 8, "messages": [
+            {"role": "system", "content": "You are the build agent. ".repeat(120)},
+            {"role": "user", "content": format!("question {q}: why did the build break?")}]})
+    };
+    rt.block_on(async {
+        for i in 0..3 {
+            send(&gw, &chat_of("Warm up. ", 1), Some(&format!("n{i}"))).await;
+        }
+        let (home, _) = send(&gw, &ask(0), None).await;
+        let idx: usize = home[1..].parse().expect("node index");
+        for q in 1..=5 {
+            // The gateway learns where the system prompt went once it has sent the answer
+            // whole: the client can ask before.
+            eventually("the last answer learned", || async {
+                // The warm-up and questions 0..q.
+                let rates = gw.fleet.node(idx).counters(MODEL).rates.lock().rates();
+                rates.observed > q as u32
+            })
+            .await;
+            let (node, _) = send(&gw, &ask(q), None).await;
+            assert_eq!(
+                node, home,
+                "question {q} went where the system prompt is cached"
+            );
+        }
+        let stats = sims[idx].control().stats();
+        assert!(stats.prefix_hits >= 5, "home hits: {}", stats.prefix_hits);
+        assert!(stats.prefix_tokens_reused >= 5 * 700);
+    });
+}

@@ -471,8 +471,14 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until((t0 + s.at).into()).await;
                 let tag = format!("s{i}");
-                let msgs = [json!({"role": "user", "content": text(&tag, s.prompt_tokens.saturating_sub(4))})];
-                let what = (tag, s.prompt_tokens, s.output);
+                let mut msgs = Vec::with_capacity(2);
+                let mut prompt = s.prompt_tokens;
+                if let Some((g, tokens)) = s.system {
+                    msgs.push(json!({"role": "system", "content": text(&format!("g{g} system"), tokens.saturating_sub(4))}));
+                    prompt += tokens;
+                }
+                msgs.push(json!({"role": "user", "content": text(&tag, s.prompt_tokens.saturating_sub(4))}));
+                let what = (tag, prompt, s.output);
                 vec![send((&client, kind), &router, &s.model, &msgs, what, None, t0).await.0]
             }));
         }

@@ -46,6 +46,18 @@ pub struct Class {
     pub prompt: [u32; 2],
     /// Output tokens (the request's `num_predict`), [low, high], uniform.
     pub output: [u32; 2],
+    /// A system prompt before the user message, one of a few the class's requests share (an
+    /// agent's or an app's); none by default.
+    #[serde(default)]
+    pub system: Option<SharedSystem>,
+}
+
+/// `prompts` distinct system prompts of `tokens` each; a request draws one uniformly.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedSystem {
+    pub prompts: u32,
+    pub tokens: u32,
 }
 
 fn one() -> f64 {

@@ -13,8 +13,11 @@ use super::scenario::{Class, Scenario};
 pub struct Shot {
     pub at: Duration,
     pub model: String,
+    /// The user message's tokens (the system prompt's apart).
     pub prompt_tokens: u32,
     pub output: u32,
+    /// The shared system prompt drawn (its index in the class and its tokens).
+    pub system: Option<(u32, u32)>,
 }
 
 /// One conversation: when it starts, its turns' sizes and pauses.
@@ -62,6 +65,11 @@ fn shot(rng: &mut SmallRng, at: Duration, c: &Class) -> Shot {
         model: c.model.clone(),
         prompt_tokens: log_uniform(rng, c.prompt),
         output: uniform(rng, c.output),
+        // Drawn last, and only for a class that has one: other scenarios' traces stay as
+        // they were.
+        system: c
+            .system
+            .map(|sys| (rng.gen_range(0..sys.prompts.max(1)), sys.tokens)),
     }
 }
 

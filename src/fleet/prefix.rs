@@ -1,6 +1,18 @@
 //! Which node last served a conversation's prefix key, and how many tokens (prompt + output)
 //! it then held: the prefix cache the completion model credits on that node. Bounded; entries
 //! older than [`TTL_MS`] are forgotten (a node's cache does not hold a prefix forever).
+//!
+//! Beside it, per system prompt (model + the hash of a request's system part, shared by
+//! every conversation an agent or app starts), the last [`SHARED_NODES`] nodes that served
+//! one, and when in each node's own count of prompts prefilled (a request's first byte: its
+//! prompt is in the cache from then): the completion model credits the system part as cached
+//! on those that prefilled it within their last `reach` prompts, so requests that share a
+//! system prompt gather where it is cached, as a cache-aware router's prefix tree does, at
+//! the grain of whole messages. A node's prefix cache holds its last few prompts (Ollama its
+//! seats' last, the sim its LRU entries, vLLM many more): `reach` is learned per node from
+//! what its answers say of their cache (a hit `d` prompts back says it holds at least
+//! `d + 1`; a miss moves it halfway down to `d`: a miss can also be a prompt the node took
+//! in after the decision), from [`INITIAL_REACH`].
 
 use std::collections::HashMap;
 
@@ -18,9 +30,45 @@ struct Entry {
     at_ms: u64,
 }
 
+/// Nodes remembered per system prompt, the most recent first.
+pub const SHARED_NODES: usize = 4;
+/// Prompts back a node's cache is taken to reach before anything is learned of it.
+pub const INITIAL_REACH: u64 = 8;
+
+/// The last nodes that served a system prompt (node, ms, the node's prompt count then), the
+/// most recent first.
+type Servers = [Option<(usize, u64, u64)>; SHARED_NODES];
+
+/// Per node: prompts prefilled, and how many prompts back its prefix cache reaches.
+#[derive(Debug, Clone, Copy)]
+struct NodeCache {
+    prompts: u64,
+    reach: u64,
+}
+
+impl Default for NodeCache {
+    fn default() -> Self {
+        NodeCache {
+            prompts: 0,
+            reach: INITIAL_REACH,
+        }
+    }
+}
+
+/// A node that served a system prompt: which, and how many prompts it prefilled since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    pub node: usize,
+    pub since: u64,
+    /// Within what its cache is learned to reach.
+    pub cached: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct PrefixMemory {
     map: Mutex<HashMap<u64, Entry>>,
+    shared: Mutex<HashMap<u64, Servers>>,
+    nodes: Mutex<HashMap<usize, NodeCache>>,
     /// Requests seen that start a conversation / continue one / continue one this gateway did
     /// not remember placing (halved together past [`TURNS_WINDOW`], so the shares follow the
     /// workload).
@@ -102,6 +150,82 @@ impl PrefixMemory {
         let e = map.get(&key)?;
         (now_ms.saturating_sub(e.at_ms) < TTL_MS).then_some((e.node, e.tokens))
     }
+
+    /// Node `node` prefilled a request's prompt (its first byte came): one more in its count
+    /// (what pushes older prompts out of its cache). `system`: the request's system prompt
+    /// key, remembered as cached there.
+    pub fn prefilled(&self, node: usize, system: Option<u64>, now_ms: u64) {
+        let prompts = {
+            let mut nodes = self.nodes.lock();
+            let n = nodes.entry(node).or_default();
+            n.prompts += 1;
+            n.prompts
+        };
+        let Some(key) = system else { return };
+        let mut map = self.shared.lock();
+        if map.len() >= MAX_KEYS && !map.contains_key(&key) {
+            let at = |s: &Servers| s[0].map_or(0, |e| e.1);
+            map.retain(|_, s| now_ms.saturating_sub(at(s)) < TTL_MS);
+            if map.len() >= MAX_KEYS {
+                let mut ages: Vec<u64> = map.values().map(at).collect();
+                ages.sort_unstable();
+                let cut = ages[ages.len() / 2];
+                map.retain(|_, s| at(s) > cut);
+            }
+        }
+        let servers = map.entry(key).or_default();
+        // Move `node` to the front; the least recent falls off when it was not there.
+        let i = servers
+            .iter()
+            .position(|s| s.is_some_and(|e| e.0 == node))
+            .unwrap_or(SHARED_NODES - 1);
+        servers[..=i].rotate_right(1);
+        servers[0] = Some((node, now_ms, prompts));
+    }
+
+    /// The nodes that served system prompt `key` while fresh, the most recent first.
+    pub fn shared_on(&self, key: u64, now_ms: u64) -> Vec<Served> {
+        let Some(servers) = self.shared.lock().get(&key).copied() else {
+            return Vec::new();
+        };
+        let nodes = self.nodes.lock();
+        servers
+            .into_iter()
+            .flatten()
+            .filter(|e| now_ms.saturating_sub(e.1) < TTL_MS)
+            .map(|(node, _, at)| {
+                let n = nodes.get(&node).copied().unwrap_or_default();
+                let since = n.prompts.saturating_sub(at);
+                Served {
+                    node,
+                    since,
+                    cached: since < n.reach,
+                }
+            })
+            .collect()
+    }
+
+    /// What an answer of `node` said of its cache for a system prompt it prefilled `since`
+    /// prompts before the request was placed: held (`hit`) or not.
+    pub fn cache_seen(&self, node: usize, since: u64, hit: bool) {
+        let mut nodes = self.nodes.lock();
+        let n = nodes.entry(node).or_default();
+        n.reach = if hit {
+            n.reach.max(since + 1)
+        } else if since < n.reach {
+            ((n.reach + since) / 2).max(1)
+        } else {
+            n.reach
+        };
+    }
+
+    /// How many prompts back `node`'s prefix cache is taken to reach.
+    pub fn reach(&self, node: usize) -> u64 {
+        self.nodes
+            .lock()
+            .get(&node)
+            .map_or(INITIAL_REACH, |n| n.reach)
+    }
 }
 
 #[cfg(test)]
@@ -156,6 +280,51 @@ mod tests {
         );
         let half = shared.first_turn_share();
         assert!((0.4..=0.6).contains(&half), "{half}");
+    }
+
+    #[test]
+    fn a_system_prompt_is_cached_where_it_was_served_within_the_reach_learned() {
+        let m = PrefixMemory::default();
+        assert!(m.shared_on(7, 0).is_empty());
+        for (node, at) in [(0, 1), (1, 2), (0, 3), (2, 4), (3, 5), (4, 6)] {
+            m.prefilled(node, Some(7), at);
+        }
+        let nodes = |m: &PrefixMemory, now| -> Vec<usize> {
+            m.shared_on(7, now).iter().map(|s| s.node).collect()
+        };
+        assert_eq!(
+            nodes(&m, 10),
+            [4, 3, 2, 0],
+            "the most recent first, node 1 fell off"
+        );
+        assert!(m.shared_on(8, 10).is_empty(), "per system prompt");
+        assert_eq!(nodes(&m, 5 + TTL_MS), [4], "stale servers forgotten");
+        // Node 0 prefills others: the prompt moves back in its cache, and out past its reach.
+        let on_0 = |m: &PrefixMemory| {
+            m.shared_on(7, 10)
+                .into_iter()
+                .find(|s| s.node == 0)
+                .map(|s| (s.since, s.cached))
+        };
+        assert_eq!(on_0(&m), Some((0, true)));
+        for t in 0..INITIAL_REACH {
+            m.prefilled(0, None, 7 + t);
+        }
+        assert_eq!(on_0(&m), Some((INITIAL_REACH, false)));
+        // Its answer says the cache still held it: the reach grows past it. Misses move it
+        // halfway down to where they were seen; one past the reach moves nothing.
+        m.cache_seen(0, INITIAL_REACH, true);
+        assert_eq!(m.reach(0), INITIAL_REACH + 1);
+        assert_eq!(on_0(&m), Some((INITIAL_REACH, true)));
+        m.cache_seen(0, 20, false);
+        assert_eq!(m.reach(0), INITIAL_REACH + 1);
+        m.cache_seen(0, 3, false);
+        assert_eq!(m.reach(0), (INITIAL_REACH + 1 + 3) / 2);
+        m.cache_seen(0, 0, false);
+        m.cache_seen(0, 0, false);
+        m.cache_seen(0, 0, false);
+        assert_eq!(m.reach(0), 1, "never below one prompt");
+        assert_eq!(on_0(&m), Some((INITIAL_REACH, false)));
     }
 
     #[test]

@@ -33,12 +33,19 @@ pub struct Prefix {
     /// prompt longer than its leading block. A later turn, whose earlier ones some gateway
     /// (this one, a replica, this one before a restart) may have placed.
     pub continues: bool,
+    /// Hash and characters of the system part alone (system / developer messages, `system`
+    /// and `instructions` fields), 0 chars when there is none: what requests of other
+    /// conversations may share (an agent's or an app's system prompt), cached wherever one of
+    /// them was served.
+    pub system_hash: u64,
+    pub system_chars: usize,
 }
 
 struct Acc {
     hasher: Xxh3,
     chars: usize,
     continues: bool,
+    system: (u64, usize),
 }
 
 impl Acc {
@@ -67,11 +74,20 @@ impl Acc {
         self.hasher.update(&[0]);
     }
 
+    /// The system part ends here: what was hashed so far is it.
+    fn end_system(&mut self) {
+        if self.chars > 0 {
+            self.system = (self.hasher.digest(), self.chars);
+        }
+    }
+
     fn done(self) -> Prefix {
         Prefix {
             hash: self.hasher.digest(),
             chars: self.chars,
             continues: self.continues,
+            system_hash: self.system.0,
+            system_chars: self.system.1,
         }
     }
 }
@@ -82,6 +98,7 @@ pub fn stable_prefix(ep: Endpoint, obj: &Obj) -> Option<Prefix> {
         hasher: Xxh3::new(),
         chars: 0,
         continues: false,
+        system: (0, 0),
     };
     if let Some(sys) = get(obj, "system") {
         acc.part("system", sys);
@@ -116,6 +133,7 @@ fn leading(acc: &mut Acc, s: &str) -> bool {
     if s.is_empty() {
         return false;
     }
+    acc.end_system();
     let block: String = s.chars().take(LEADING_BLOCK_CHARS).collect();
     acc.continues = block.len() < s.len();
     acc.part("prompt", &Value::String(block));
@@ -132,6 +150,7 @@ fn messages(acc: &mut Acc, v: &Value) -> bool {
         match role {
             "system" | "developer" => acc.part("system", content),
             "user" => {
+                acc.end_system();
                 acc.part("user", content);
                 acc.continues = i + 1 < list.len();
                 return true;
@@ -192,13 +211,24 @@ mod tests {
         let a = prefix(Endpoint::OpenAIChat, t1).expect("chat has a prefix");
         let later = prefix(Endpoint::OpenAIChat, t3).expect("chat has a prefix");
         assert_eq!(a.hash, later.hash);
-        assert_ne!(
-            Some(a.hash),
-            prefix(Endpoint::OpenAIChat, other).map(|p| p.hash)
-        );
+        let other = prefix(Endpoint::OpenAIChat, other).expect("chat has a prefix");
+        assert_ne!(a.hash, other.hash);
         assert_eq!(a.chars, "be brief".len() + "hello".len());
         // Only the later turn continues a conversation.
         assert!(!a.continues && later.continues);
+        // Another conversation with the same system prompt shares its system part.
+        assert_eq!(
+            (a.system_hash, a.system_chars),
+            (other.system_hash, "be brief".len())
+        );
+        let bare = json!({"model":"m","messages":[{"role":"user","content":"hello"}]});
+        let bare = prefix(Endpoint::OpenAIChat, bare).expect("chat has a prefix");
+        assert_eq!(bare.system_chars, 0, "no system part");
+        let longer = json!({"model":"m","messages":[
+            {"role":"system","content":"be brief and kind"},
+            {"role":"user","content":"hello"}]});
+        let longer = prefix(Endpoint::OpenAIChat, longer).expect("chat has a prefix");
+        assert_ne!(longer.system_hash, a.system_hash);
     }
 
     #[test]

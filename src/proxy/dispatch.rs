@@ -67,8 +67,29 @@ pub struct LearnInput {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub cached_on: Option<String>,
+    /// The system prompt's key, its tokens, the nodes they were credited as cached on, and
+    /// every node remembered serving it with its prompts since (`RouteRequest::shared_seen`).
+    pub shared_key: Option<u64>,
+    pub shared_tokens: u32,
+    pub shared_on: Vec<String>,
+    pub shared_seen: Vec<(usize, u64)>,
     /// Requests in flight on the node when this one was sent (itself included).
     pub concurrency: u32,
+}
+
+impl LearnInput {
+    /// The prompt tokens `node` was credited as not holding, when it was credited with any
+    /// (the conversation, or the system prompt other requests shared).
+    pub fn uncached(&self, node: &str) -> Option<u32> {
+        let conversation = (self.cached_on.as_deref() == Some(node)).then_some(self.cached_tokens);
+        let shared = self
+            .shared_on
+            .iter()
+            .any(|n| n == node)
+            .then_some(self.shared_tokens);
+        let cached = conversation.max(shared)?;
+        Some(self.prompt_tokens.saturating_sub(cached))
+    }
 }
 
 /// Where the request is and what happened to it so far.
@@ -249,13 +270,10 @@ impl Dispatch {
         if !self.stream {
             return;
         }
-        let l = &self.learn;
-        let on_cached = l.cached_on.as_deref() == Some(self.ranked[st.current].node_id.as_str());
-        let tokens = if on_cached {
-            l.prompt_tokens.saturating_sub(l.cached_tokens)
-        } else {
-            l.prompt_tokens
-        };
+        let tokens = self
+            .learn
+            .uncached(&self.ranked[st.current].node_id)
+            .unwrap_or(self.learn.prompt_tokens);
         if let Some(lease) = st.lease.as_mut() {
             lease.start_prefill(tokens, now_ms);
         }

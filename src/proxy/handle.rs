@@ -223,6 +223,10 @@ fn dispatch_for(
         prompt_tokens: req.prompt_tokens,
         cached_tokens: req.cached_prefix_tokens,
         cached_on: req.cached_on.clone(),
+        shared_key: req.shared_key,
+        shared_tokens: req.shared_prefix_tokens,
+        shared_on: req.shared_on.clone(),
+        shared_seen: req.shared_seen.clone(),
         concurrency: fleet
             .node(placement.lease.node)
             .in_flight

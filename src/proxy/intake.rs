@@ -295,7 +295,34 @@ pub fn prepare(
         req.models[0] = m;
     }
     cached_prefix(fleet, &parsed, h, &mut req, cpt);
+    if config.routing.prefix_affinity
+        && config.routing.policy.mode == crate::routing::Mode::Completion
+    {
+        shared_prefix(fleet, &parsed, &mut req, cpt);
+    }
     Ok((parsed, req))
+}
+
+/// The request's system prompt, as cached on the nodes that last served it
+/// (`fleet::prefix`): its key, its tokens, and those nodes.
+fn shared_prefix(fleet: &Fleet, parsed: &ParsedRequest, req: &mut RouteRequest, cpt: f64) {
+    let Some(p) = parsed.prefix.filter(|p| p.system_chars > 0) else {
+        return;
+    };
+    let Some(model) = req.models.first() else {
+        return;
+    };
+    let key = xxhash_rust::xxh3::xxh3_64_with_seed(model.as_bytes(), p.system_hash);
+    req.shared_key = Some(key);
+    req.shared_prefix_tokens =
+        ((p.system_chars as f64 / cpt.max(0.5)) as u32).min(req.prompt_tokens);
+    let served = fleet.prefixes.shared_on(key, crate::services::now_ms());
+    for s in served.iter().filter(|s| s.node < fleet.len()) {
+        req.shared_seen.push((s.node, s.since));
+        if s.cached {
+            req.shared_on.push(fleet.node_config(s.node).id.clone());
+        }
+    }
 }
 
 /// `models.resolve`: a model id no node has (`claude-sonnet-4-5`, `gpt-5-codex` ...) that a

@@ -418,6 +418,12 @@ impl Exchange<'_> {
                     st.prefill_ahead_s = ahead;
                     st.served_meanwhile_s = served;
                 }
+                // Its prompt is in the node's prefix cache from now (`fleet::prefix`).
+                if answer {
+                    let node = self.d.ranked[st.current].node;
+                    let system = self.d.learn.shared_key;
+                    self.fleet.prefixes.prefilled(node, system, now_ms());
+                }
             }
             st.body_bytes += b.len();
             st.last_activity = Some(Instant::now());

@@ -148,7 +148,7 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         // (`fleet::calibrate`): sent where the conversation was cached, it is, and says
         // nothing of the prompt's size.
         let whole = observed.cached_tokens.is_some();
-        let on_cached = d.learn.cached_on.as_deref() == Some(c.node_id.as_str());
+        let on_cached = d.learn.uncached(&c.node_id).is_some();
         if whole || !on_cached {
             let default = fleet.config().routing.chars_per_token;
             fleet.calibration.observe(
@@ -196,15 +196,18 @@ fn learn(
     // rendezvous node: if another replica had served it there, the node only looks faster
     // for a while (and gets the traffic that corrects it); taking a first turn as cached made
     // a 2,190-token prefill count as 8 tokens and shut a node out for good.
-    let on_cached = l.cached_on.as_deref() == Some(c.node_id.as_str());
     let base = observed.prompt_tokens.unwrap_or(l.prompt_tokens);
-    let credited = on_cached.then_some(l.cached_tokens);
+    let credited = l
+        .uncached(&c.node_id)
+        .map(|rest| l.prompt_tokens.saturating_sub(rest));
     // The node's cache count only means something next to its prompt count (OpenAI usage
     // counts the cached tokens in prompt_tokens).
     let reported = observed
         .cached_tokens
         .filter(|_| observed.prompt_tokens.is_some());
-    let (evaluated, counted) = evaluated_tokens(base, reported, credited);
+    // Ollama leaves its prompt count out when its cache held the whole prompt.
+    let left_out = observed.prompt_tokens.is_none() && observed.completion_tokens.is_some();
+    let (evaluated, counted) = evaluated_tokens(base, reported, credited, left_out);
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(c.node, &c.model);
     let node = fleet.node(c.node);
     let counters = node.counters(&c.model);
@@ -375,6 +378,33 @@ fn learn(
     // log, what to read when a pair's rates look wrong).
     log::debug!(target: "fleetgate::learn", "{} {}: {o:?} -> {:?}", c.node_id, c.model, rates.rates());
     drop(rates);
+    // What the answer says of the node's cache for the system prompt it prefilled before: the
+    // node's count of it (OpenAI, newer Ollama), else Ollama's older count of what it
+    // prefilled only, short of the estimate by half the system prompt or more, or left out.
+    // A hit is news however long the request waited (the cache reached at least that far);
+    // a miss only for one credited (a seat was free) that did not wait in the gateway's
+    // queue: the prompts prefilled while one waits are not counted.
+    if let Some(&(_, ago)) = l.shared_seen.iter().find(|(n, _)| *n == c.node) {
+        let half = l.shared_tokens / 2;
+        let hit = match (observed.cached_tokens, observed.prompt_tokens) {
+            (Some(cached), Some(_)) => Some(cached >= half),
+            (_, Some(counted)) => Some(counted.saturating_add(half) < l.prompt_tokens),
+            (_, None) => left_out.then_some(true),
+        };
+        let unwaited =
+            l.shared_on.contains(&c.node_id) && d.queue_wait < std::time::Duration::from_millis(1);
+        if let Some(hit) = hit.filter(|h| *h || unwaited) {
+            fleet.prefixes.cache_seen(c.node, ago, hit);
+            log::debug!(
+                target: "fleetgate::learn",
+                "{} {}: its cache {} the system prompt it prefilled {ago} prompts before (reach now {})",
+                c.node_id,
+                c.model,
+                if hit { "held" } else { "had lost" },
+                fleet.prefixes.reach(c.node)
+            );
+        }
+    }
     if let Some(key) = l.affinity_key {
         // A count without a cache count beside it may be only what was prefilled
         // (`fleet::calibrate`): the node holds at least the prompt as estimated.
@@ -463,8 +493,17 @@ mod tests {
 /// Prompt tokens a node evaluated, and whether that is known: `base` less what the node
 /// reported taking from its cache, else less what this gateway `credited` to it (a guess:
 /// the node may have evicted the prefix; `false` then, and no prefill rate is learned).
-fn evaluated_tokens(base: u32, reported_cached: Option<u32>, credited: Option<u32>) -> (u32, bool) {
+/// Nothing is known when the node counted its output and `left_out` the prompt, as Ollama
+/// does when its cache held all of it: `base` is then the gateway's estimate, and timing it
+/// as prefilled taught a rate as fast as a cache read.
+fn evaluated_tokens(
+    base: u32,
+    reported_cached: Option<u32>,
+    credited: Option<u32>,
+    left_out: bool,
+) -> (u32, bool) {
     match (reported_cached, credited) {
+        _ if left_out => (0, false),
         (Some(cached), _) => (base.saturating_sub(cached), true),
         (None, Some(credited)) => (base.saturating_sub(credited), false),
         (None, None) => (base, true),
@@ -478,10 +517,18 @@ mod evaluated_tests {
     #[test]
     fn only_a_reported_or_uncredited_count_teaches_the_prefill_rate() {
         // A first turn: nothing credited, all 2190 tokens were evaluated.
-        assert_eq!(evaluated_tokens(2190, None, None), (2190, true));
+        assert_eq!(evaluated_tokens(2190, None, None, false), (2190, true));
         // A later turn on the node that served the conversation: a guess, not learned from.
-        assert_eq!(evaluated_tokens(2400, None, Some(2182)), (218, false));
+        assert_eq!(
+            evaluated_tokens(2400, None, Some(2182), false),
+            (218, false)
+        );
         // The node said what it reused (OpenAI usage `cached_tokens`).
-        assert_eq!(evaluated_tokens(2400, Some(2300), Some(2182)), (100, true));
+        assert_eq!(
+            evaluated_tokens(2400, Some(2300), Some(2182), false),
+            (100, true)
+        );
+        // Ollama counted the output and not the prompt: its cache held all 2190.
+        assert_eq!(evaluated_tokens(2190, None, None, true), (0, false));
     }
 }

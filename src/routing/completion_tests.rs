@@ -196,6 +196,67 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
 }
 
 #[test]
+fn a_system_prompt_counts_as_cached_on_the_nodes_that_served_it() {
+    let f = fleet(vec![
+        node("a", vec![loaded("m", 4.0)]),
+        node("b", vec![loaded("m", 4.0)]),
+        node("c", vec![loaded("m", 4.0)]),
+    ]);
+    let mut loads = TableLoads::default();
+    for i in 0..3 {
+        loads = loads.rated(i, "m", seen(40.0));
+    }
+    // A one-shot request (no conversation) whose 3,000-token system prompt b and c served.
+    let r = RouteRequest {
+        shared_prefix_tokens: 3_000,
+        shared_on: vec!["c".into(), "b".into()],
+        ..req(&["m"], 3_200)
+    };
+    let d = at(&r, &f, &loads);
+    assert_ne!(d.winner().unwrap().node_id, "a");
+    assert_eq!(predicted(&d, 0).cached_tokens, 0);
+    assert_eq!(predicted(&d, 1).cached_tokens, 3_000);
+    assert_eq!(predicted(&d, 2).cached_tokens, 3_000);
+    // A fallback model is not credited: what b and c served was the primary.
+    let two = RouteRequest {
+        models: vec!["m".into(), "m2".into()],
+        ..r.clone()
+    };
+    let f2 = fleet(vec![
+        node("a", vec![loaded("m", 4.0)]),
+        node("b", vec![loaded("m2", 4.0)]),
+    ]);
+    let d = at(&two, &f2, &TableLoads::default());
+    let b = d
+        .table
+        .iter()
+        .find(|row| (row.node, row.model) == (1, 1))
+        .and_then(|row| match &row.verdict {
+            Verdict::Predicted { prediction } => Some(prediction.cached_tokens),
+            _ => None,
+        });
+    assert_eq!(b, Some(0));
+    // A conversation credited on c with less than its system prompt gets the larger credit.
+    let r = RouteRequest {
+        affinity_key: Some(42),
+        cached_on: Some("c".into()),
+        cached_prefix_tokens: 1_000,
+        ..r
+    };
+    let d = at(&r, &f, &loads);
+    assert_eq!(predicted(&d, 2).cached_tokens, 3_000);
+    // Busy, c keeps its conversation's credit (the system prompt's needs a free seat), and a
+    // busy b gets none.
+    let busy = loads
+        .clone()
+        .with(1, "m", queue(1, 2))
+        .with(2, "m", queue(1, 2));
+    let d = at(&r, &f, &busy);
+    assert_eq!(predicted(&d, 2).cached_tokens, 1_000);
+    assert_eq!(predicted(&d, 1).cached_tokens, 0);
+}
+
+#[test]
 fn hard_rules_are_the_same_in_both_modes() {
     let mut small = node("small-window", vec![loaded("m", 4.0)]);
     small.models[0].max_context = 4_096;

@@ -103,6 +103,7 @@ fn decide_once(
     let mut pinned_spare = vec![false; n_models];
     let mut provisional_in_use = 0u32;
     let mut cached_on: Option<usize> = None;
+    let mut shared_on: Vec<usize> = Vec::new();
     // Completion mode: the learned rates of every (node, candidate model) pair, read once
     // (table order), and per model what the fleet observed of it (the untried pairs' prior).
     let rates: Vec<Rates> = match policy.mode {
@@ -171,6 +172,9 @@ fn decide_once(
         }
         if req.cached_on.as_deref() == Some(node.id.as_str()) {
             cached_on = Some(idx);
+        }
+        if req.shared_on.contains(&node.id) {
+            shared_on.push(idx);
         }
         let node_out = eliminate::node_reason(req, node, policy, node_in_flight);
         let weight = key.map(|k| affinity::rendezvous_weight(k, &node.id));
@@ -324,9 +328,14 @@ fn decide_once(
     };
     match policy.mode {
         Mode::Spec => add_session_affinity(&post, &rendezvous, &mut table, &mut cands),
-        Mode::Completion => {
-            add_cached_prefix(&post, &rendezvous, cached_on, &mut table, &mut cands)
-        }
+        Mode::Completion => add_cached_prefix(
+            &post,
+            &rendezvous,
+            cached_on,
+            &shared_on,
+            &mut table,
+            &mut cands,
+        ),
         Mode::LeastBusy | Mode::RoundRobin => take_turns(req.seq, n_models, &mut cands),
     }
 
@@ -569,36 +578,77 @@ struct Post<'a> {
 
 /// Completion mode: the prefix the request shares with earlier turns is cached on the node that
 /// served them (`cached_on`), else on the key's rendezvous node; that one pair's prefill is
-/// predicted again with `cached_prefix_tokens` taken as cached.
+/// predicted again with `cached_prefix_tokens` taken as cached. Its system prompt is cached
+/// on the nodes that last served it (`shared_on`, the primary model only: what they served
+/// was that model): those with a seat free now are predicted again with
+/// `shared_prefix_tokens` (or the larger credit of the two) taken as cached.
 fn add_cached_prefix(
     post: &Post<'_>,
     rendezvous: &[Option<usize>],
     cached_on: Option<usize>,
+    shared_on: &[usize],
     table: &mut [Row],
     cands: &mut [Cand],
 ) {
     let req = post.req;
-    if req.cached_prefix_tokens == 0 || affinity::request_key(req).is_none() {
-        return;
-    }
+    let conversation = req.cached_prefix_tokens > 0 && affinity::request_key(req).is_some();
     let n_models = req.models.len();
     for (pos, owner) in rendezvous.iter().enumerate() {
-        let scored = |idx: usize| {
+        let scored = |table: &[Row], idx: usize| {
             matches!(
                 table[idx * n_models + pos].verdict,
                 Verdict::Predicted { .. }
             )
         };
-        let Some(idx) = cached_on
-            .filter(|i| scored(*i))
-            .or(owner.filter(|i| scored(*i)))
-        else {
-            continue;
+        let credited = conversation
+            .then(|| {
+                cached_on
+                    .filter(|i| scored(table, *i))
+                    .or(owner.filter(|i| scored(table, *i)))
+            })
+            .flatten();
+        let shared = if pos == 0 { shared_on } else { &[] };
+        // A system prompt counts only where a seat is free now: the cache churns while a
+        // request waits (each prompt prefilled ahead of it pushes an older one out), so the
+        // prompts counted since say nothing of what it would find.
+        let free = |table: &[Row], idx: usize| {
+            matches!(
+                table[idx * n_models + pos].verdict,
+                Verdict::Predicted { prediction } if prediction.wait_s <= 0.0
+            )
         };
+        if let Some(idx) = credited {
+            let tokens = if shared.contains(&idx) && free(table, idx) {
+                req.cached_prefix_tokens.max(req.shared_prefix_tokens)
+            } else {
+                req.cached_prefix_tokens
+            };
+            predict_cached(post, idx, pos, tokens, table, cands);
+        }
+        for &idx in shared {
+            if Some(idx) != credited && req.shared_prefix_tokens > 0 && free(table, idx) {
+                predict_cached(post, idx, pos, req.shared_prefix_tokens, table, cands);
+            }
+        }
+    }
+}
+
+/// The pair (`idx`, model `pos`) predicted again with `cached` prompt tokens in its cache.
+fn predict_cached(
+    post: &Post<'_>,
+    idx: usize,
+    pos: usize,
+    cached: u32,
+    table: &mut [Row],
+    cands: &mut [Cand],
+) {
+    let req = post.req;
+    let n_models = req.models.len();
+    {
         let node = &post.fleet.nodes[idx];
         let name = &req.models[pos];
         let Some(model) = node.model(name) else {
-            continue;
+            return;
         };
         let load = post.loads.model(idx, name);
         let rates = post.rates[idx * n_models + pos];
@@ -661,7 +711,7 @@ fn add_cached_prefix(
             node_ends: &node_ends,
             live,
         };
-        let prediction = completion::predict(post.policy, &input, req.cached_prefix_tokens);
+        let prediction = completion::predict(post.policy, &input, cached);
         let total = finite(-(prediction.total_s + prediction.imposed_s));
         table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
         if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {

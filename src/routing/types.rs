@@ -45,6 +45,15 @@ pub struct RouteRequest {
     pub cached_prefix_tokens: u32,
     /// The node that last served this request's prefix key (this gateway's memory).
     pub cached_on: Option<String>,
+    /// The request's system prompt, in tokens, taken as cached on `shared_on`: the nodes that
+    /// last served a request with the same system prompt (`fleet::prefix`). Completion mode.
+    pub shared_prefix_tokens: u32,
+    pub shared_on: Vec<String>,
+    /// The system prompt's key in that memory (model + system part hash), and every node
+    /// remembered serving it, credited or not: (node index, the prompts it prefilled since),
+    /// for its answer to tell how far back its cache reaches.
+    pub shared_key: Option<u64>,
+    pub shared_seen: Vec<(usize, u64)>,
 }
 
 /// How Stage 2 ranks the survivors of Stage 1 (`routing.mode`). `Policy::default()` is spec
