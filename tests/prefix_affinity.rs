@@ -222,8 +222,8 @@ fn requests_that_share_a_system_prompt_go_where_it_is_cached() {
         let (home, _) = send(&gw, &ask(0), None).await;
         let idx: usize = home[1..].parse().expect("node index");
         for q in 1..=5 {
-            // The gateway learns where the system prompt went once it has sent the answer
-            // whole: the client can ask before.
+            // Each question is priced with the rates the last answer taught, learned once the
+            // gateway has sent it whole: the client can ask before.
             eventually("the last answer learned", || async {
                 // The warm-up and questions 0..q.
                 let rates = gw.fleet.node(idx).counters(MODEL).rates.lock().rates();

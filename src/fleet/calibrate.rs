@@ -23,7 +23,8 @@
 //! of characters: taken whole, they drove the rate to its bound and capped every estimate at
 //! their count (a 2,300-token turn estimated at 140, its prefill priced at nothing). So a
 //! lower-bound sample never caps the estimate, and one that reads sparser than any tokenizer
-//! writes text ([`LOWER_MAX_CPT`]) is not kept.
+//! writes text ([`LOWER_MAX_CPT`]), or much sparser than the rate fitted so far
+//! ([`LOWER_MARGIN`] times it: dense text half cached still reads under 6), is not kept.
 //!
 //! Before any sample the estimate is exactly `ceil(chars / default)` (spec 000's formula).
 
@@ -41,6 +42,8 @@ pub const MAX_OVERHEAD: f64 = 512.0;
 /// A lower-bound sample of at least [`RATE_MIN_CHARS`] reading more characters per token than
 /// this was partly cached: tokenizers write natural text and code at ~2.5-5.
 pub const LOWER_MAX_CPT: f64 = 6.0;
+/// Nor one reading more than this times the rate fitted so far (the default before any).
+pub const LOWER_MARGIN: f64 = 1.5;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Sample {
@@ -146,17 +149,18 @@ impl Calibration {
         }
         let default = sane(default);
         let tokens = f64::from(prompt_tokens.saturating_sub(fixed_tokens));
-        if !whole
-            && prompt_chars >= RATE_MIN_CHARS
-            && prompt_chars as f64 > LOWER_MAX_CPT * tokens.max(1.0)
-        {
-            return None;
-        }
         let mut map = self.by_model.write();
         if !map.contains_key(model) {
             map.insert(model.to_string(), ModelCal::default());
         }
         let c = map.get_mut(model)?;
+        let sparsest = LOWER_MAX_CPT.min(LOWER_MARGIN * c.cpt.unwrap_or(default));
+        if !whole
+            && prompt_chars >= RATE_MIN_CHARS
+            && prompt_chars as f64 > sparsest * tokens.max(1.0)
+        {
+            return None;
+        }
         if c.samples.len() == WINDOW {
             c.samples.pop_front();
         }
@@ -281,15 +285,22 @@ mod tests {
         assert!((c.chars_per_token("chat", 4.0) - 4.0).abs() < 0.01);
         let est = c.text_tokens("chat", 9_300, 4.0);
         assert!((2_300..2_400).contains(&est), "{est}");
-        // A lower bound caps nothing: 4,000 chars counted as 600 (partly cached, 6.7 > 6
-        // chars/token: not kept) or as 900 (4.4: kept, the rate moves a little).
+        // 4,000 chars counted as 600 (6.7 chars/token): not kept.
         assert_eq!(c.observe("chat", 4_000, 604, 4, 4.0, false), None);
-        c.observe("chat", 4_000, 904, 4, 4.0, false);
-        let est = c.text_tokens("chat", 3_000, 4.0);
-        assert!(est > 700, "{est}");
+        // A kept lower bound caps nothing: 8,000 chars counted as 1,800 (4.4 chars/token:
+        // kept, the rate moves a little), and 7,600 chars are still estimated above 1,800.
+        assert!(c.observe("chat", 8_000, 1_804, 4, 4.0, false).is_some());
+        let est = c.text_tokens("chat", 7_600, 4.0);
+        assert!(est > 1_800, "{est}");
         // A whole count (a cache count beside it) still caps what was served.
-        c.observe("chat", 4_000, 904, 4, 4.0, true);
-        assert!(c.text_tokens("chat", 4_000, 4.0) <= 900);
+        c.observe("chat", 8_000, 1_804, 4, 4.0, true);
+        assert!(c.text_tokens("chat", 7_600, 4.0) <= 1_800);
+        // Dense text (code at 3 chars/token) half cached reads 5.7: under 6, but over 1.5
+        // times its fitted rate: not kept.
+        for _ in 0..4 {
+            c.observe("code", 8_000, 2_671, 4, 4.0, false);
+        }
+        assert_eq!(c.observe("code", 8_000, 1_404, 4, 4.0, false), None);
     }
 
     #[test]

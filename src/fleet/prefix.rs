@@ -39,7 +39,7 @@ pub const INITIAL_REACH: u64 = 8;
 /// most recent first.
 type Servers = [Option<(usize, u64, u64)>; SHARED_NODES];
 
-/// Per node: prompts prefilled, and how many prompts back its prefix cache reaches.
+/// Per node and model: prompts prefilled, and how many prompts back its prefix cache reaches.
 #[derive(Debug, Clone, Copy)]
 struct NodeCache {
     prompts: u64,
@@ -68,7 +68,9 @@ pub struct Served {
 pub struct PrefixMemory {
     map: Mutex<HashMap<u64, Entry>>,
     shared: Mutex<HashMap<u64, Servers>>,
-    nodes: Mutex<HashMap<usize, NodeCache>>,
+    /// Per (node, hash of the model's name): a prefix cache is the model's (Ollama's runner,
+    /// the sim's LRU), so another model's prompts do not push this one's out.
+    caches: Mutex<HashMap<(usize, u64), NodeCache>>,
     /// Requests seen that start a conversation / continue one / continue one this gateway did
     /// not remember placing (halved together past [`TURNS_WINDOW`], so the shares follow the
     /// workload).
@@ -125,15 +127,7 @@ impl PrefixMemory {
     /// Node `node` just served `key` and holds `tokens` of its conversation.
     pub fn remember(&self, key: u64, node: usize, tokens: u32, now_ms: u64) {
         let mut map = self.map.lock();
-        if map.len() >= MAX_KEYS && !map.contains_key(&key) {
-            map.retain(|_, e| now_ms.saturating_sub(e.at_ms) < TTL_MS);
-            if map.len() >= MAX_KEYS {
-                let mut ages: Vec<u64> = map.values().map(|e| e.at_ms).collect();
-                ages.sort_unstable();
-                let cut = ages[ages.len() / 2];
-                map.retain(|_, e| e.at_ms > cut);
-            }
-        }
+        make_room(&mut map, key, now_ms, |e| e.at_ms);
         map.insert(
             key,
             Entry {
@@ -151,28 +145,19 @@ impl PrefixMemory {
         (now_ms.saturating_sub(e.at_ms) < TTL_MS).then_some((e.node, e.tokens))
     }
 
-    /// Node `node` prefilled a request's prompt (its first byte came): one more in its count
-    /// (what pushes older prompts out of its cache). `system`: the request's system prompt
-    /// key, remembered as cached there.
-    pub fn prefilled(&self, node: usize, system: Option<u64>, now_ms: u64) {
+    /// Node `node` prefilled a prompt of `model` (an answer's first byte came): one more in
+    /// that cache's count (what pushes older prompts out). `system`: the request's system
+    /// prompt key, remembered as cached there.
+    pub fn prefilled(&self, node: usize, model: &str, system: Option<u64>, now_ms: u64) {
         let prompts = {
-            let mut nodes = self.nodes.lock();
-            let n = nodes.entry(node).or_default();
+            let mut caches = self.caches.lock();
+            let n = caches.entry((node, model_hash(model))).or_default();
             n.prompts += 1;
             n.prompts
         };
         let Some(key) = system else { return };
         let mut map = self.shared.lock();
-        if map.len() >= MAX_KEYS && !map.contains_key(&key) {
-            let at = |s: &Servers| s[0].map_or(0, |e| e.1);
-            map.retain(|_, s| now_ms.saturating_sub(at(s)) < TTL_MS);
-            if map.len() >= MAX_KEYS {
-                let mut ages: Vec<u64> = map.values().map(at).collect();
-                ages.sort_unstable();
-                let cut = ages[ages.len() / 2];
-                map.retain(|_, s| at(s) > cut);
-            }
-        }
+        make_room(&mut map, key, now_ms, |s| s[0].map_or(0, |e| e.1));
         let servers = map.entry(key).or_default();
         // Move `node` to the front; the least recent falls off when it was not there.
         let i = servers
@@ -183,18 +168,20 @@ impl PrefixMemory {
         servers[0] = Some((node, now_ms, prompts));
     }
 
-    /// The nodes that served system prompt `key` while fresh, the most recent first.
-    pub fn shared_on(&self, key: u64, now_ms: u64) -> Vec<Served> {
+    /// The nodes that served system prompt `key` (of `model`) while fresh, the most recent
+    /// first.
+    pub fn shared_on(&self, key: u64, model: &str, now_ms: u64) -> Vec<Served> {
         let Some(servers) = self.shared.lock().get(&key).copied() else {
             return Vec::new();
         };
-        let nodes = self.nodes.lock();
+        let model = model_hash(model);
+        let caches = self.caches.lock();
         servers
             .into_iter()
             .flatten()
             .filter(|e| now_ms.saturating_sub(e.1) < TTL_MS)
             .map(|(node, _, at)| {
-                let n = nodes.get(&node).copied().unwrap_or_default();
+                let n = caches.get(&(node, model)).copied().unwrap_or_default();
                 let since = n.prompts.saturating_sub(at);
                 Served {
                     node,
@@ -207,9 +194,9 @@ impl PrefixMemory {
 
     /// What an answer of `node` said of its cache for a system prompt it prefilled `since`
     /// prompts before the request was placed: held (`hit`) or not.
-    pub fn cache_seen(&self, node: usize, since: u64, hit: bool) {
-        let mut nodes = self.nodes.lock();
-        let n = nodes.entry(node).or_default();
+    pub fn cache_seen(&self, node: usize, model: &str, since: u64, hit: bool) {
+        let mut caches = self.caches.lock();
+        let n = caches.entry((node, model_hash(model))).or_default();
         n.reach = if hit {
             n.reach.max(since + 1)
         } else if since < n.reach {
@@ -219,12 +206,31 @@ impl PrefixMemory {
         };
     }
 
-    /// How many prompts back `node`'s prefix cache is taken to reach.
-    pub fn reach(&self, node: usize) -> u64 {
-        self.nodes
+    /// How many prompts back `node`'s prefix cache of `model` is taken to reach.
+    pub fn reach(&self, node: usize, model: &str) -> u64 {
+        self.caches
             .lock()
-            .get(&node)
+            .get(&(node, model_hash(model)))
             .map_or(INITIAL_REACH, |n| n.reach)
+    }
+}
+
+fn model_hash(model: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(model.as_bytes())
+}
+
+/// Before `key` joins a full map: drop what is stale, then, if still full, the older half
+/// (by `at`, ms).
+fn make_room<V>(map: &mut HashMap<u64, V>, key: u64, now_ms: u64, at: impl Fn(&V) -> u64) {
+    if map.len() < MAX_KEYS || map.contains_key(&key) {
+        return;
+    }
+    map.retain(|_, v| now_ms.saturating_sub(at(v)) < TTL_MS);
+    if map.len() >= MAX_KEYS {
+        let mut ages: Vec<u64> = map.values().map(&at).collect();
+        ages.sort_unstable();
+        let cut = ages[ages.len() / 2];
+        map.retain(|_, v| at(v) > cut);
     }
 }
 
@@ -285,45 +291,50 @@ mod tests {
     #[test]
     fn a_system_prompt_is_cached_where_it_was_served_within_the_reach_learned() {
         let m = PrefixMemory::default();
-        assert!(m.shared_on(7, 0).is_empty());
+        assert!(m.shared_on(7, "m", 0).is_empty());
         for (node, at) in [(0, 1), (1, 2), (0, 3), (2, 4), (3, 5), (4, 6)] {
-            m.prefilled(node, Some(7), at);
+            m.prefilled(node, "m", Some(7), at);
         }
         let nodes = |m: &PrefixMemory, now| -> Vec<usize> {
-            m.shared_on(7, now).iter().map(|s| s.node).collect()
+            m.shared_on(7, "m", now).iter().map(|s| s.node).collect()
         };
         assert_eq!(
             nodes(&m, 10),
             [4, 3, 2, 0],
             "the most recent first, node 1 fell off"
         );
-        assert!(m.shared_on(8, 10).is_empty(), "per system prompt");
+        assert!(m.shared_on(8, "m", 10).is_empty(), "per system prompt");
         assert_eq!(nodes(&m, 5 + TTL_MS), [4], "stale servers forgotten");
         // Node 0 prefills others: the prompt moves back in its cache, and out past its reach.
         let on_0 = |m: &PrefixMemory| {
-            m.shared_on(7, 10)
+            m.shared_on(7, "m", 10)
                 .into_iter()
                 .find(|s| s.node == 0)
                 .map(|s| (s.since, s.cached))
         };
         assert_eq!(on_0(&m), Some((0, true)));
+        // Another model's prompts push nothing out of this one's cache.
         for t in 0..INITIAL_REACH {
-            m.prefilled(0, None, 7 + t);
+            m.prefilled(0, "other", None, 7 + t);
+        }
+        assert_eq!(on_0(&m), Some((0, true)));
+        for t in 0..INITIAL_REACH {
+            m.prefilled(0, "m", None, 7 + t);
         }
         assert_eq!(on_0(&m), Some((INITIAL_REACH, false)));
         // Its answer says the cache still held it: the reach grows past it. Misses move it
         // halfway down to where they were seen; one past the reach moves nothing.
-        m.cache_seen(0, INITIAL_REACH, true);
-        assert_eq!(m.reach(0), INITIAL_REACH + 1);
+        m.cache_seen(0, "m", INITIAL_REACH, true);
+        assert_eq!(m.reach(0, "m"), INITIAL_REACH + 1);
         assert_eq!(on_0(&m), Some((INITIAL_REACH, true)));
-        m.cache_seen(0, 20, false);
-        assert_eq!(m.reach(0), INITIAL_REACH + 1);
-        m.cache_seen(0, 3, false);
-        assert_eq!(m.reach(0), (INITIAL_REACH + 1 + 3) / 2);
-        m.cache_seen(0, 0, false);
-        m.cache_seen(0, 0, false);
-        m.cache_seen(0, 0, false);
-        assert_eq!(m.reach(0), 1, "never below one prompt");
+        m.cache_seen(0, "m", 20, false);
+        assert_eq!(m.reach(0, "m"), INITIAL_REACH + 1);
+        m.cache_seen(0, "m", 3, false);
+        assert_eq!(m.reach(0, "m"), (INITIAL_REACH + 1 + 3) / 2);
+        m.cache_seen(0, "m", 0, false);
+        m.cache_seen(0, "m", 0, false);
+        m.cache_seen(0, "m", 0, false);
+        assert_eq!(m.reach(0, "m"), 1, "never below one prompt");
         assert_eq!(on_0(&m), Some((INITIAL_REACH, false)));
     }
 

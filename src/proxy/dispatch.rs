@@ -67,8 +67,10 @@ pub struct LearnInput {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub cached_on: Option<String>,
-    /// The system prompt's key, its tokens, the nodes they were credited as cached on, and
-    /// every node remembered serving it with its prompts since (`RouteRequest::shared_seen`).
+    /// The system prompt's key, its tokens, the nodes remembered holding it within their
+    /// cache's reach (`RouteRequest::shared_on`: routing credited it on those with a seat
+    /// free), and every node remembered serving it with its prompts since
+    /// (`RouteRequest::shared_seen`).
     pub shared_key: Option<u64>,
     pub shared_tokens: u32,
     pub shared_on: Vec<String>,
@@ -78,17 +80,24 @@ pub struct LearnInput {
 }
 
 impl LearnInput {
-    /// The prompt tokens `node` was credited as not holding, when it was credited with any
-    /// (the conversation, or the system prompt other requests shared).
-    pub fn uncached(&self, node: &str) -> Option<u32> {
-        let conversation = (self.cached_on.as_deref() == Some(node)).then_some(self.cached_tokens);
-        let shared = self
-            .shared_on
-            .iter()
-            .any(|n| n == node)
-            .then_some(self.shared_tokens);
+    /// The prompt tokens `c`'s node was credited as not holding, when it was credited with
+    /// any: the conversation on the node this gateway saw serve it (not a first turn's
+    /// rendezvous credit), or the shared system prompt where routing credited it.
+    pub fn uncached(&self, c: &Choice) -> Option<u32> {
+        let conversation =
+            (self.cached_on.as_deref() == Some(c.node_id.as_str())).then_some(self.cached_tokens);
+        let shared = self.shared_credited(c).then_some(self.shared_tokens);
         let cached = conversation.max(shared)?;
         Some(self.prompt_tokens.saturating_sub(cached))
+    }
+
+    /// Routing counted the shared system prompt as cached on `c` (`decide::add_cached_prefix`:
+    /// a node remembered holding it, a seat free, the primary model).
+    pub fn shared_credited(&self, c: &Choice) -> bool {
+        self.shared_tokens > 0
+            && !c.fallback
+            && c.cached_tokens >= self.shared_tokens
+            && self.shared_on.contains(&c.node_id)
     }
 }
 
@@ -272,7 +281,7 @@ impl Dispatch {
         }
         let tokens = self
             .learn
-            .uncached(&self.ranked[st.current].node_id)
+            .uncached(&self.ranked[st.current])
             .unwrap_or(self.learn.prompt_tokens);
         if let Some(lease) = st.lease.as_mut() {
             lease.start_prefill(tokens, now_ms);
@@ -341,6 +350,7 @@ mod tests {
             predicted_s: None,
             predicted_run_s: None,
             predicted_first_s: None,
+            cached_tokens: 0,
             seat_test: None,
             idle: None,
         }

@@ -242,9 +242,7 @@ fn cached_prefix(
     cpt: f64,
 ) {
     let Some(key) = req.affinity_key else { return };
-    let stable = parsed
-        .prefix
-        .map_or(0, |p| (p.chars as f64 / cpt.max(0.5)) as u32);
+    let stable = parsed.prefix.map_or(0, |p| tokens_of(p.chars, cpt));
     let (node, tokens) = match fleet.prefixes.recall(key, crate::services::now_ms()) {
         Some((idx, tokens)) if idx < fleet.len() => {
             (Some(fleet.node_config(idx).id.clone()), tokens.max(stable))
@@ -303,20 +301,30 @@ pub fn prepare(
     Ok((parsed, req))
 }
 
+/// A system prompt shorter than this is not looked for in caches: it saves little prefill,
+/// and engines cache whole blocks (vLLM 16 tokens, OpenAI from 1,024), so a short one reads as
+/// a miss and would teach a node's cache a reach too short for its long ones.
+const MIN_SHARED_TOKENS: u32 = 128;
+
+/// `chars` of prompt text in tokens, at `cpt` characters per token.
+fn tokens_of(chars: usize, cpt: f64) -> u32 {
+    (chars as f64 / cpt.max(0.5)) as u32
+}
+
 /// The request's system prompt, as cached on the nodes that last served it
 /// (`fleet::prefix`): its key, its tokens, and those nodes.
 fn shared_prefix(fleet: &Fleet, parsed: &ParsedRequest, req: &mut RouteRequest, cpt: f64) {
-    let Some(p) = parsed.prefix.filter(|p| p.system_chars > 0) else {
-        return;
-    };
-    let Some(model) = req.models.first() else {
+    let Some(p) = parsed.prefix else { return };
+    let tokens = tokens_of(p.system_chars, cpt).min(req.prompt_tokens);
+    let Some(model) = req.models.first().filter(|_| tokens >= MIN_SHARED_TOKENS) else {
         return;
     };
     let key = xxhash_rust::xxh3::xxh3_64_with_seed(model.as_bytes(), p.system_hash);
     req.shared_key = Some(key);
-    req.shared_prefix_tokens =
-        ((p.system_chars as f64 / cpt.max(0.5)) as u32).min(req.prompt_tokens);
-    let served = fleet.prefixes.shared_on(key, crate::services::now_ms());
+    req.shared_prefix_tokens = tokens;
+    let served = fleet
+        .prefixes
+        .shared_on(key, model, crate::services::now_ms());
     for s in served.iter().filter(|s| s.node < fleet.len()) {
         req.shared_seen.push((s.node, s.since));
         if s.cached {

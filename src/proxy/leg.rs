@@ -382,6 +382,9 @@ impl Exchange<'_> {
     /// A body part of the node's response: first byte, activity, the reply observer; its
     /// translation when translating.
     fn response_body(&mut self, body: &mut Option<bytes::Bytes>, end: bool) {
+        // An answer's first byte: its prompt is in the node's prefix cache from now
+        // (`fleet::prefix`), told once the attempt's lock is let go.
+        let mut prefilled = None;
         if let Some(b) = body.as_ref() {
             let mut st = self.d.state.lock();
             if st.first_byte.is_none() && !b.is_empty() {
@@ -418,11 +421,8 @@ impl Exchange<'_> {
                     st.prefill_ahead_s = ahead;
                     st.served_meanwhile_s = served;
                 }
-                // Its prompt is in the node's prefix cache from now (`fleet::prefix`).
                 if answer {
-                    let node = self.d.ranked[st.current].node;
-                    let system = self.d.learn.shared_key;
-                    self.fleet.prefixes.prefilled(node, system, now_ms());
+                    prefilled = Some(&self.d.ranked[st.current]);
                 }
             }
             st.body_bytes += b.len();
@@ -433,6 +433,13 @@ impl Exchange<'_> {
                     lease.streamed(st.observer.chunks(), now_ms());
                 }
             }
+        }
+        if let Some(c) = prefilled {
+            // The system prompt's key is the primary model's: a fallback's cache is another.
+            let system = self.d.learn.shared_key.filter(|_| !c.fallback);
+            self.fleet
+                .prefixes
+                .prefilled(c.node, &c.model, system, now_ms());
         }
         if let Some(x) = self.translator.as_mut() {
             xlate::body(x, body, end);

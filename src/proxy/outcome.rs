@@ -145,10 +145,10 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             .with_label_values(&[labels[0], labels[1], "in"])
             .inc_by(u64::from(pt));
         // Without a cache count beside it, the count may be only the part the node prefilled
-        // (`fleet::calibrate`): sent where the conversation was cached, it is, and says
-        // nothing of the prompt's size.
+        // (`fleet::calibrate`): sent where the conversation or its system prompt was
+        // credited as cached, it is, and says nothing of the prompt's size.
         let whole = observed.cached_tokens.is_some();
-        let on_cached = d.learn.uncached(&c.node_id).is_some();
+        let on_cached = d.learn.uncached(c).is_some();
         if whole || !on_cached {
             let default = fleet.config().routing.chars_per_token;
             fleet.calibration.observe(
@@ -192,13 +192,14 @@ fn learn(
     let now = now_ms();
     let secs = super::observe::secs;
     // The cached prefix was where it was credited: the node this gateway remembers serving
-    // the conversation. A first turn (nothing remembered) is taken as uncached even on its
+    // the conversation, or one routing credited with the shared system prompt
+    // (`LearnInput::uncached`). A first turn (nothing remembered) is taken as uncached even on its
     // rendezvous node: if another replica had served it there, the node only looks faster
     // for a while (and gets the traffic that corrects it); taking a first turn as cached made
     // a 2,190-token prefill count as 8 tokens and shut a node out for good.
     let base = observed.prompt_tokens.unwrap_or(l.prompt_tokens);
     let credited = l
-        .uncached(&c.node_id)
+        .uncached(c)
         .map(|rest| l.prompt_tokens.saturating_sub(rest));
     // The node's cache count only means something next to its prompt count (OpenAI usage
     // counts the cached tokens in prompt_tokens).
@@ -378,30 +379,39 @@ fn learn(
     // log, what to read when a pair's rates look wrong).
     log::debug!(target: "fleetgate::learn", "{} {}: {o:?} -> {:?}", c.node_id, c.model, rates.rates());
     drop(rates);
-    // What the answer says of the node's cache for the system prompt it prefilled before: the
-    // node's count of it (OpenAI, newer Ollama), else Ollama's older count of what it
-    // prefilled only, short of the estimate by half the system prompt or more, or left out.
-    // A hit is news however long the request waited (the cache reached at least that far);
-    // a miss only for one credited (a seat was free) that did not wait in the gateway's
-    // queue: the prompts prefilled while one waits are not counted.
-    if let Some(&(_, ago)) = l.shared_seen.iter().find(|(n, _)| *n == c.node) {
+    // What the answer says of the node's cache for the system prompt it prefilled before (of
+    // the primary model: a fallback's cache is another): the node's count of it (OpenAI,
+    // newer Ollama), else, from a node spoken to in Ollama's API, its older count of what it
+    // prefilled only, short of the estimate by half the system prompt or more, or left out (a
+    // bare count elsewhere may be the whole prompt: it tells a hit only). A hit is news
+    // however long the request waited (the cache reached at least that far); a miss only for
+    // one routing credited (a seat was free) that did not wait in the gateway's queue: the
+    // prompts prefilled while one waits are not counted.
+    let seen = l.shared_seen.iter().find(|(n, _)| *n == c.node);
+    if let Some(&(_, ago)) = seen.filter(|_| !c.fallback) {
         let half = l.shared_tokens / 2;
+        let ollama = matches!(
+            fleet.node_config(c.node).backend,
+            crate::config::Backend::Ollama | crate::config::Backend::Sim
+        );
         let hit = match (observed.cached_tokens, observed.prompt_tokens) {
             (Some(cached), Some(_)) => Some(cached >= half),
-            (_, Some(counted)) => Some(counted.saturating_add(half) < l.prompt_tokens),
+            (_, Some(counted)) => {
+                let short = counted.saturating_add(half) < l.prompt_tokens;
+                (short || ollama).then_some(short)
+            }
             (_, None) => left_out.then_some(true),
         };
-        let unwaited =
-            l.shared_on.contains(&c.node_id) && d.queue_wait < std::time::Duration::from_millis(1);
+        let unwaited = l.shared_credited(c) && d.queue_wait < std::time::Duration::from_millis(1);
         if let Some(hit) = hit.filter(|h| *h || unwaited) {
-            fleet.prefixes.cache_seen(c.node, ago, hit);
+            fleet.prefixes.cache_seen(c.node, &c.model, ago, hit);
             log::debug!(
                 target: "fleetgate::learn",
                 "{} {}: its cache {} the system prompt it prefilled {ago} prompts before (reach now {})",
                 c.node_id,
                 c.model,
                 if hit { "held" } else { "had lost" },
-                fleet.prefixes.reach(c.node)
+                fleet.prefixes.reach(c.node, &c.model)
             );
         }
     }

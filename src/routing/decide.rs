@@ -391,7 +391,7 @@ fn decide_once(
             let model = &req.models[c.model];
             // Ranked by total + imposed; reported: the request's own finish.
             let node = &fleet.nodes[c.node];
-            let (predicted_s, run_s, first_s, seat_test, idle) =
+            let (predicted_s, run_s, first_s, seat_test, idle, cached_tokens) =
                 match &table[c.node * n_models + c.model].verdict {
                     Verdict::Predicted { prediction: p } => (
                         Some(p.total_s),
@@ -401,8 +401,9 @@ fn decide_once(
                             loads.node_decoding(c.node)
                         }),
                         p.idle,
+                        p.cached_tokens,
                     ),
-                    _ => (None, None, None, None, None),
+                    _ => (None, None, None, None, None, 0),
                 };
             Choice {
                 node: c.node,
@@ -414,6 +415,7 @@ fn decide_once(
                 predicted_s,
                 predicted_run_s: run_s.filter(|s| s.is_finite()),
                 predicted_first_s: first_s.filter(|s| s.is_finite()),
+                cached_tokens,
                 seat_test,
                 idle,
             }
@@ -644,79 +646,77 @@ fn predict_cached(
 ) {
     let req = post.req;
     let n_models = req.models.len();
-    {
-        let node = &post.fleet.nodes[idx];
-        let name = &req.models[pos];
-        let Some(model) = node.model(name) else {
-            return;
-        };
-        let load = post.loads.model(idx, name);
-        let rates = post.rates[idx * n_models + pos];
-        // As the first pass predicted it, the node's best for a pair it has not served
-        // included: without it the owner of an untried model was priced at priors here.
-        let mut logs = PaceCache::default();
-        let shown = (rates.observed == 0).then(|| {
-            node_shown(
+    let node = &post.fleet.nodes[idx];
+    let name = &req.models[pos];
+    let Some(model) = node.model(name) else {
+        return;
+    };
+    let load = post.loads.model(idx, name);
+    let rates = post.rates[idx * n_models + pos];
+    // As the first pass predicted it, the node's best for a pair it has not served
+    // included: without it the owner of an untried model was priced at priors here.
+    let mut logs = PaceCache::default();
+    let shown = (rates.observed == 0).then(|| {
+        node_shown(
+            post.fleet,
+            node,
+            idx,
+            post.loads,
+            post.now_ms,
+            &mut logs,
+            None,
+        )
+    });
+    let pace = (rates.observed == 0 || unmeasured(&rates))
+        .then(|| {
+            pace_for(
                 post.fleet,
                 node,
                 idx,
                 post.loads,
                 post.now_ms,
                 &mut logs,
-                None,
+                name,
             )
-        });
-        let pace = (rates.observed == 0 || unmeasured(&rates))
-            .then(|| {
-                pace_for(
-                    post.fleet,
-                    node,
-                    idx,
-                    post.loads,
-                    post.now_ms,
-                    &mut logs,
-                    name,
-                )
-            })
-            .flatten()
-            .or(shown.and_then(|s| s.pace));
-        let mut ends = Vec::new();
-        let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
-        let node_in_flight = post.loads.node_in_flight(idx);
-        let mut node_ends = Vec::new();
-        let node_load = node_seats(
-            post.loads,
-            node,
-            idx,
-            node_in_flight,
-            post.now_ms,
-            &mut node_ends,
-        );
-        let input = Input {
-            req,
-            node,
-            model,
-            load,
-            node_in_flight,
-            node_prefilling: post.loads.node_prefilling(idx),
-            rates,
-            peer: post.peers[pos],
-            node_best: shown.and_then(|s| s.best),
-            node_pace: pace,
-            twin: twin(post.fleet, post.rates, idx, pos, n_models),
-            needed_tokens: eliminate::needed_tokens(req, node),
-            now_ms: post.now_ms,
-            seat_ends: &ends,
-            node_load,
-            node_ends: &node_ends,
-            live,
-        };
-        let prediction = completion::predict(post.policy, &input, cached);
-        let total = finite(-(prediction.total_s + prediction.imposed_s));
-        table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
-        if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
-            cands[i].total = total;
-        }
+        })
+        .flatten()
+        .or(shown.and_then(|s| s.pace));
+    let mut ends = Vec::new();
+    let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
+    let node_in_flight = post.loads.node_in_flight(idx);
+    let mut node_ends = Vec::new();
+    let node_load = node_seats(
+        post.loads,
+        node,
+        idx,
+        node_in_flight,
+        post.now_ms,
+        &mut node_ends,
+    );
+    let input = Input {
+        req,
+        node,
+        model,
+        load,
+        node_in_flight,
+        node_prefilling: post.loads.node_prefilling(idx),
+        rates,
+        peer: post.peers[pos],
+        node_best: shown.and_then(|s| s.best),
+        node_pace: pace,
+        twin: twin(post.fleet, post.rates, idx, pos, n_models),
+        needed_tokens: eliminate::needed_tokens(req, node),
+        now_ms: post.now_ms,
+        seat_ends: &ends,
+        node_load,
+        node_ends: &node_ends,
+        live,
+    };
+    let prediction = completion::predict(post.policy, &input, cached);
+    let total = finite(-(prediction.total_s + prediction.imposed_s));
+    table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
+    if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
+        cands[i].total = total;
     }
 }
 

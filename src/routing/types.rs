@@ -580,6 +580,9 @@ pub struct Choice {
     /// (`LiveDecode::stalled_since_ms`).
     #[serde(skip)]
     pub predicted_first_s: Option<f64>,
+    /// Completion mode: the prompt tokens its prediction took as cached on the node (a
+    /// conversation's prefix, a shared system prompt; 0 otherwise).
+    pub cached_tokens: u32,
     /// Completion mode, a warm pair sent at once to a node whose seats were all taken: what
     /// its answer tests about the node's seats (`fleet::sharing`).
     #[serde(skip)]
