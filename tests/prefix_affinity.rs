@@ -148,8 +148,39 @@ fn header_less_chat_stays_spills_and_agrees_across_gateways() {
 /// they had capped it near their count, and the next turn's prefill was priced at nothing.
 #[test]
 fn a_chat_on_a_node_that_counts_only_what_it_prefilled_keeps_its_prompt_estimate() {
+    let (counts, _) = chat_estimate(false);
+    assert!(
+        counts[1..].iter().all(|(c, _)| *c < counts[0].0 / 4),
+        "later turns count only their new part: {counts:?}"
+    );
+}
+
+/// A newer Ollama counts the whole prompt and says what its cache held
+/// (`prompt_eval_cached_count`): the same estimate.
+#[test]
+fn a_chat_on_a_node_that_counts_its_cache_keeps_its_prompt_estimate() {
+    let (counts, prefill_tps) = chat_estimate(true);
+    assert!(
+        counts[1..].iter().all(|(c, cached)| *cached * 10 > *c * 8),
+        "later turns are mostly cached: {counts:?}"
+    );
+    // What the node prefilled is the count less its cache: ~3,000 tokens/s. Taken whole, the
+    // ~2,400 tokens of a later turn in its few ms of prefill read as 100,000 and more.
+    assert!(
+        prefill_tps.is_none_or(|t| t < 10_000.0),
+        "prefill learned at {prefill_tps:?} tokens/s"
+    );
+}
+
+/// Six turns of one chat through `/api/chat` on a node with `ollama_cached_count`; then the
+/// gateway's prompt estimate for the seventh is within 10 % of what the node counts. The
+/// answers' (prompt_eval_count, prompt_eval_cached_count), and the prefill rate learned.
+fn chat_estimate(cached_count: bool) -> (Vec<(u64, u64)>, Option<f64>) {
     let rt = runtime();
-    let sims = [sim(&rt, &spec())];
+    let sims = [sim(
+        &rt,
+        &format!("{}ollama_cached_count: {cached_count}\n", spec()),
+    )];
     let gw = Gateway::start(&config(&sims));
     rt.block_on(async {
         let mut counts = Vec::new();
@@ -165,16 +196,13 @@ fn a_chat_on_a_node_that_counts_only_what_it_prefilled_keeps_its_prompt_estimate
                 .expect("request");
             assert_eq!(r.status(), 200);
             let answer: Value = r.json().await.expect("answer");
-            counts.push(
+            counts.push((
                 answer["prompt_eval_count"]
                     .as_u64()
                     .expect("prompt_eval_count"),
-            );
+                answer["prompt_eval_cached_count"].as_u64().unwrap_or(0),
+            ));
         }
-        assert!(
-            counts[1..].iter().all(|c| *c < counts[0] / 4),
-            "later turns count only their new part: {counts:?}"
-        );
         eventually("six answers learned", || async {
             gw.fleet
                 .node(0)
@@ -199,7 +227,9 @@ fn a_chat_on_a_node_that_counts_only_what_it_prefilled_keeps_its_prompt_estimate
             estimate.abs_diff(real) * 10 <= real,
             "estimated {estimate} tokens, the node counts {real} (answers counted {counts:?})"
         );
-    });
+        let rates = gw.fleet.node(0).counters(MODEL).rates.lock().rates();
+        (counts, rates.prefill_tps)
+    })
 }
 
 /// One-shot requests that share a system prompt (an agent's), each with its own question and

@@ -27,7 +27,8 @@
 //!   cumulative hashes per chat message (raw prompts: per 1024-char block); the longest
 //!   matching leading run is not prefilled. A (re)load of the model empties its part.
 //!   Usage tells it as the real servers do: Ollama `prompt_eval_count` counts only the
-//!   prefilled tokens, OpenAI `usage.prompt_tokens` all of them with
+//!   prefilled tokens (with `ollama_cached_count`, as newer releases: all of them, with
+//!   `prompt_eval_cached_count`), OpenAI `usage.prompt_tokens` all of them with
 //!   `prompt_tokens_details.cached_tokens`, Anthropic `input_tokens` the uncached ones with
 //!   `cache_read_input_tokens`. Counters in [`SimStats`].
 //! - `/api/pull` accepts any name and adds a 4 GB model (an embedding model if the name contains

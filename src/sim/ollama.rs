@@ -157,16 +157,22 @@ fn done_reason(f: Finish) -> &'static str {
     }
 }
 
-fn final_fields(obj: &mut serde_json::Map<String, Value>, s: &Summary) {
+fn final_fields(obj: &mut serde_json::Map<String, Value>, s: &Summary, cached_count: bool) {
     obj.insert("done_reason".into(), json!(done_reason(s.finish)));
     obj.insert("done".into(), json!(true));
     obj.insert("total_duration".into(), json!(Summary::ns(s.total)));
     obj.insert("load_duration".into(), json!(Summary::ns(s.load)));
-    // As Ollama counts it: the tokens evaluated, without those reused from its prompt cache.
-    obj.insert(
-        "prompt_eval_count".into(),
-        json!(s.prompt_tokens - s.cached_tokens),
-    );
+    if cached_count {
+        // Newer Ollama: the whole prompt, and the part its cache held.
+        obj.insert("prompt_eval_count".into(), json!(s.prompt_tokens));
+        obj.insert("prompt_eval_cached_count".into(), json!(s.cached_tokens));
+    } else {
+        // Older Ollama: the tokens evaluated, without those reused from its prompt cache.
+        obj.insert(
+            "prompt_eval_count".into(),
+            json!(s.prompt_tokens - s.cached_tokens),
+        );
+    }
     obj.insert(
         "prompt_eval_duration".into(),
         json!(Summary::ns(s.prompt_eval)),
@@ -179,6 +185,8 @@ fn final_fields(obj: &mut serde_json::Map<String, Value>, s: &Summary) {
 struct OllamaFramer {
     model: String,
     chat: bool,
+    /// `SimSpec::ollama_cached_count`.
+    cached_count: bool,
 }
 
 impl OllamaFramer {
@@ -205,7 +213,7 @@ impl Framer for OllamaFramer {
     }
     fn tail(&mut self, s: &Summary) -> String {
         let mut o = self.object("", true);
-        final_fields(&mut o, s);
+        final_fields(&mut o, s, self.cached_count);
         format!("{}\n", Value::Object(o))
     }
 }
@@ -234,6 +242,7 @@ async fn load_or_unload(
     let f = OllamaFramer {
         model: model.to_string(),
         chat,
+        cached_count: false,
     };
     let mut o = f.object("", true);
     o.insert("done_reason".into(), json!(reason));
@@ -334,18 +343,21 @@ async fn run(
         Ok(p) => p,
         Err(r) => return reject(r, what),
     };
+    let cached_count = ctl.spec.ollama_cached_count;
     let framer = OllamaFramer {
         model: ask.model.clone(),
         chat,
+        cached_count,
     };
     let whole = {
         let f = OllamaFramer {
             model: ask.model.clone(),
             chat,
+            cached_count,
         };
         move |text: String, s: &Summary| {
             let mut o = f.object(&text, true);
-            final_fields(&mut o, s);
+            final_fields(&mut o, s, cached_count);
             Value::Object(o)
         }
     };

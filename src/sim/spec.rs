@@ -60,6 +60,11 @@ pub struct SimSpec {
     /// node, as a server with a single queue keeps).
     #[serde(default)]
     pub seats_per_model: bool,
+    /// Ollama's counts as its releases since August 2026 give them: `prompt_eval_count` the
+    /// whole prompt and `prompt_eval_cached_count` the part read from the cache (default: the
+    /// older count of only the tokens prefilled, and no cached count).
+    #[serde(default)]
+    pub ollama_cached_count: bool,
     /// Models on disk.
     pub models: Vec<SimModel>,
 }
@@ -134,6 +139,7 @@ impl Default for SimSpec {
             decode_contention: 0.0,
             prefill_parallel: 0,
             seats_per_model: false,
+            ollama_cached_count: false,
             models: Vec::new(),
         }
     }
