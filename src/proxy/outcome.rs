@@ -88,15 +88,7 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             o.window
         );
         if let Some(pt) = o.prompt_tokens {
-            let default = fleet.config().routing.chars_per_token;
-            fleet.calibration.observe(
-                &c.model,
-                d.prompt_chars,
-                pt,
-                d.prompt_fixed_tokens,
-                default,
-                true,
-            );
+            calibrate(fleet, d, &c.model, pt, true);
         }
     }
     if let Some(outcome) = classify(status, upstream_error, unreachable) {
@@ -150,17 +142,23 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         let whole = observed.cached_tokens.is_some();
         let on_cached = d.learn.uncached(c).is_some();
         if whole || !on_cached {
-            let default = fleet.config().routing.chars_per_token;
-            fleet.calibration.observe(
-                &c.model,
-                d.prompt_chars,
-                pt,
-                d.prompt_fixed_tokens,
-                default,
-                whole,
-            );
+            calibrate(fleet, d, &c.model, pt, whole);
         }
     }
+}
+
+/// One prompt-token calibration sample: the node counted `tokens` for `d`'s prompt on `model`
+/// (`whole`: all of it, not only what it prefilled; `fleet::calibrate`).
+fn calibrate(fleet: &Fleet, d: &Dispatch, model: &str, tokens: u32, whole: bool) {
+    let default = fleet.config().routing.chars_per_token;
+    fleet.calibration.observe(
+        model,
+        d.prompt_chars,
+        tokens,
+        d.prompt_fixed_tokens,
+        default,
+        whole,
+    );
 }
 
 /// Count `d` in the fleet page's per node:model traffic (status, time to first byte).

@@ -153,8 +153,8 @@ fn loaded_fallback_beats_cold_primary_only_when_it_finishes_first() {
     assert_eq!(d.ranked[1].model, "small");
 }
 
-#[test]
-fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens() {
+/// Three alike nodes a, b, c with model m loaded, each with 40 answers' rates.
+fn three_alike() -> (FleetView, TableLoads) {
     let f = fleet(vec![
         node("a", vec![loaded("m", 4.0)]),
         node("b", vec![loaded("m", 4.0)]),
@@ -164,6 +164,12 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
     for i in 0..3 {
         loads = loads.rated(i, "m", seen(40.0));
     }
+    (f, loads)
+}
+
+#[test]
+fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens() {
+    let (f, loads) = three_alike();
     let key = 42u64;
     let owner = (0..3)
         .max_by_key(|i| super::rendezvous_weight(key, &f.nodes[*i].id))
@@ -197,15 +203,7 @@ fn the_cached_prefix_counts_on_its_node_only_and_spills_when_that_queue_deepens(
 
 #[test]
 fn a_system_prompt_counts_as_cached_on_the_nodes_that_served_it() {
-    let f = fleet(vec![
-        node("a", vec![loaded("m", 4.0)]),
-        node("b", vec![loaded("m", 4.0)]),
-        node("c", vec![loaded("m", 4.0)]),
-    ]);
-    let mut loads = TableLoads::default();
-    for i in 0..3 {
-        loads = loads.rated(i, "m", seen(40.0));
-    }
+    let (f, loads) = three_alike();
     // A one-shot request (no conversation) whose 3,000-token system prompt b and c served.
     let r = RouteRequest {
         shared_prefix_tokens: 3_000,
