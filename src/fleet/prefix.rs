@@ -28,21 +28,6 @@ struct Entry {
     node: usize,
     tokens: u32,
     at_ms: u64,
-    /// The model's hash and its cache's prompt count when the turn was prefilled.
-    model: u64,
-    prompts_at: u64,
-}
-
-/// Where a conversation was last served, what the node then held, and whether its cache is
-/// taken to hold it still.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recalled {
-    pub node: usize,
-    pub tokens: u32,
-    /// Prompts of the model the node prefilled since.
-    pub since: u64,
-    /// Within what its cache is learned to reach.
-    pub cached: bool,
 }
 
 /// Nodes remembered per system prompt, the most recent first.
@@ -139,25 +124,8 @@ impl PrefixMemory {
         returns * elsewhere
     }
 
-    /// Node `node` just served `key` on `model` and holds `tokens` of its conversation, in
-    /// its cache since the `prompts_at`-th prompt it prefilled (`prefilled`'s count; None:
-    /// the count now).
-    pub fn remember(
-        &self,
-        key: u64,
-        node: usize,
-        model: &str,
-        tokens: u32,
-        prompts_at: Option<u64>,
-        now_ms: u64,
-    ) {
-        let model = model_hash(model);
-        let prompts_at = prompts_at.unwrap_or_else(|| {
-            self.caches
-                .lock()
-                .get(&(node, model))
-                .map_or(0, |n| n.prompts)
-        });
+    /// Node `node` just served `key` and holds `tokens` of its conversation.
+    pub fn remember(&self, key: u64, node: usize, tokens: u32, now_ms: u64) {
         let mut map = self.map.lock();
         make_room(&mut map, key, now_ms, |e| e.at_ms);
         map.insert(
@@ -166,45 +134,28 @@ impl PrefixMemory {
                 node,
                 tokens,
                 at_ms: now_ms,
-                model,
-                prompts_at,
             },
         );
     }
 
-    /// The node holding `key`'s prefix and its tokens, while fresh, and whether its cache is
-    /// taken to hold them still (within the reach learned for it, as for system prompts).
-    pub fn recall(&self, key: u64, now_ms: u64) -> Option<Recalled> {
-        let e = *self.map.lock().get(&key)?;
-        if now_ms.saturating_sub(e.at_ms) >= TTL_MS {
-            return None;
-        }
-        let n = self
-            .caches
-            .lock()
-            .get(&(e.node, e.model))
-            .copied()
-            .unwrap_or_default();
-        let since = n.prompts.saturating_sub(e.prompts_at);
-        Some(Recalled {
-            node: e.node,
-            tokens: e.tokens,
-            since,
-            cached: since < n.reach,
-        })
+    /// The node holding `key`'s prefix and its tokens, while fresh.
+    pub fn recall(&self, key: u64, now_ms: u64) -> Option<(usize, u32)> {
+        let map = self.map.lock();
+        let e = map.get(&key)?;
+        (now_ms.saturating_sub(e.at_ms) < TTL_MS).then_some((e.node, e.tokens))
     }
 
     /// Node `node` prefilled a prompt of `model` (an answer's first byte came): one more in
     /// that cache's count (what pushes older prompts out). `system`: the request's system
     /// prompt key, remembered as cached there.
-    pub fn prefilled(&self, node: usize, model: &str, system: Option<u64>, now_ms: u64) -> u64 {
+    pub fn prefilled(&self, node: usize, model: &str, system: Option<u64>, now_ms: u64) {
         let prompts = {
             let mut caches = self.caches.lock();
             let n = caches.entry((node, model_hash(model))).or_default();
             n.prompts += 1;
             n.prompts
         };
-        let Some(key) = system else { return prompts };
+        let Some(key) = system else { return };
         let mut map = self.shared.lock();
         make_room(&mut map, key, now_ms, |s| s[0].map_or(0, |e| e.1));
         let servers = map.entry(key).or_default();
@@ -215,7 +166,6 @@ impl PrefixMemory {
             .unwrap_or(SHARED_NODES - 1);
         servers[..=i].rotate_right(1);
         servers[0] = Some((node, now_ms, prompts));
-        prompts
     }
 
     /// The nodes that served system prompt `key` (of `model`) while fresh, the most recent
@@ -391,20 +341,12 @@ mod tests {
     #[test]
     fn remembers_the_last_server_and_forgets_stale_or_excess_keys() {
         let m = PrefixMemory::default();
-        m.remember(7, 2, "m", 900, None, 1_000);
-        m.remember(7, 1, "m", 1_500, None, 2_000);
-        let held = |m: &PrefixMemory, now| m.recall(7, now).map(|r| (r.node, r.tokens, r.cached));
-        assert_eq!(held(&m, 3_000), Some((1, 1_500, true)));
+        m.remember(7, 2, 900, 1_000);
+        m.remember(7, 1, 1_500, 2_000);
+        assert_eq!(m.recall(7, 3_000), Some((1, 1_500)));
         assert_eq!(m.recall(7, 2_000 + TTL_MS), None);
-        // Node 1 prefills more of the model's prompts than its cache reaches: not held.
-        for t in 0..INITIAL_REACH {
-            m.prefilled(1, "m", None, 2_100 + t);
-        }
-        assert_eq!(held(&m, 3_000), Some((1, 1_500, false)));
-        m.cache_seen(1, "m", INITIAL_REACH, true);
-        assert_eq!(held(&m, 3_000), Some((1, 1_500, true)));
         for k in 0..(MAX_KEYS as u64 + 10) {
-            m.remember(100 + k, 0, "m", 1, None, 10_000 + k);
+            m.remember(100 + k, 0, 1, 10_000 + k);
         }
         assert!(m.map.lock().len() <= MAX_KEYS);
         assert!(m.recall(100 + MAX_KEYS as u64 + 9, 20_000).is_some());

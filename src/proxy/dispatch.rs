@@ -75,8 +75,6 @@ pub struct LearnInput {
     pub shared_tokens: u32,
     pub shared_on: Vec<String>,
     pub shared_seen: Vec<(usize, u64)>,
-    /// `RouteRequest::recalled`: the conversation's node's prompts since, and what it held.
-    pub recalled: Option<(u64, u32)>,
     /// Requests in flight on the node when this one was sent (itself included).
     pub concurrency: u32,
 }
@@ -86,9 +84,8 @@ impl LearnInput {
     /// any: the conversation on the node this gateway saw serve it (not a first turn's
     /// rendezvous credit), or the shared system prompt where routing credited it.
     pub fn uncached(&self, c: &Choice) -> Option<u32> {
-        let conversation = (self.cached_tokens > 0
-            && self.cached_on.as_deref() == Some(c.node_id.as_str()))
-        .then_some(self.cached_tokens);
+        let conversation =
+            (self.cached_on.as_deref() == Some(c.node_id.as_str())).then_some(self.cached_tokens);
         let shared = self.shared_credited(c).then_some(self.shared_tokens);
         let cached = conversation.max(shared)?;
         Some(self.prompt_tokens.saturating_sub(cached))
@@ -137,9 +134,6 @@ pub struct Attempts {
     /// by then, so no load the attempt waited for lasted longer (what it waited past that, it
     /// waited for a seat).
     pub served_meanwhile_s: Option<f64>,
-    /// The node's count of the model's prompts when the current attempt's was prefilled (its
-    /// first byte; `fleet::prefix`).
-    pub prefilled_at: Option<u64>,
     /// The pair's first bytes counted at the current attempt's send, and its requests in
     /// flight then (itself included: more than one, the model was serving when it went, not
     /// swapped out; `outcome::stalled_first_token`).

@@ -227,7 +227,6 @@ fn dispatch_for(
         shared_tokens: req.shared_prefix_tokens,
         shared_on: req.shared_on.clone(),
         shared_seen: req.shared_seen.clone(),
-        recalled: req.recalled,
         concurrency: fleet
             .node(placement.lease.node)
             .in_flight

@@ -243,21 +243,10 @@ fn cached_prefix(
 ) {
     let Some(key) = req.affinity_key else { return };
     let stable = parsed.prefix.map_or(0, |p| tokens_of(p.chars, cpt));
-    let recalled = fleet
-        .prefixes
-        .recall(key, crate::services::now_ms())
-        .filter(|r| r.node < fleet.len());
-    req.recalled = recalled.map(|r| (r.since, r.tokens));
-    let (node, tokens) = match recalled {
-        // Served here, its cache taken to hold it still.
-        Some(r) if r.cached => (
-            Some(fleet.node_config(r.node).id.clone()),
-            r.tokens.max(stable),
-        ),
-        // Served here, with more of the model's prompts since than its cache is learned to
-        // reach: nothing is credited (the node is named, so that its answer tells whether it
-        // held the conversation after all).
-        Some(r) => (Some(fleet.node_config(r.node).id.clone()), 0),
+    let (node, tokens) = match fleet.prefixes.recall(key, crate::services::now_ms()) {
+        Some((idx, tokens)) if idx < fleet.len() => {
+            (Some(fleet.node_config(idx).id.clone()), tokens.max(stable))
+        }
         _ => {
             let declared = header_str(h, CONVERSATION_HEADER).is_some();
             let later = parsed.prefix.is_some_and(|p| p.continues);

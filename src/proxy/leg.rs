@@ -437,11 +437,9 @@ impl Exchange<'_> {
         if let Some(c) = prefilled {
             // The system prompt's key is the primary model's: a fallback's cache is another.
             let system = self.d.learn.shared_key.filter(|_| !c.fallback);
-            let at = self
-                .fleet
+            self.fleet
                 .prefixes
                 .prefilled(c.node, &c.model, system, now_ms());
-            self.d.state.lock().prefilled_at = Some(at);
         }
         if let Some(x) = self.translator.as_mut() {
             xlate::body(x, body, end);

@@ -377,43 +377,39 @@ fn learn(
     // log, what to read when a pair's rates look wrong).
     log::debug!(target: "fleetgate::learn", "{} {}: {o:?} -> {:?}", c.node_id, c.model, rates.rates());
     drop(rates);
-    // What the answer says of the node's cache (of the primary model: a fallback's cache is
-    // another): for the system prompt it prefilled before, and for the conversation it
-    // served before.
-    if !c.fallback {
-        let queued = d.queue_wait >= std::time::Duration::from_millis(1);
-        if let Some(&(_, since)) = l.shared_seen.iter().find(|(n, _)| *n == c.node) {
-            let credited = l.shared_credited(c) && !queued;
-            let tokens = l.shared_tokens;
-            judge_cache(
-                fleet,
-                d,
-                observed,
-                left_out,
-                since,
-                tokens,
-                credited,
-                "system prompt",
-            );
-        }
-        if let Some((since, tokens)) = l
-            .recalled
-            .filter(|_| l.cached_on.as_deref() == Some(c.node_id.as_str()))
-        {
-            let waited = c
-                .predicted_s
-                .zip(c.predicted_run_s)
-                .is_some_and(|(t, r)| t - r > 1e-3);
-            let credited = l.cached_tokens > 0 && !queued && !waited;
-            judge_cache(
-                fleet,
-                d,
-                observed,
-                left_out,
-                since,
-                tokens,
-                credited,
-                "conversation",
+    // What the answer says of the node's cache for the system prompt it prefilled before (of
+    // the primary model: a fallback's cache is another): the node's count of it (OpenAI,
+    // newer Ollama), else, from a node spoken to in Ollama's API, its older count of what it
+    // prefilled only, short of the estimate by half the system prompt or more, or left out (a
+    // bare count elsewhere may be the whole prompt: it tells a hit only). A hit is news
+    // however long the request waited (the cache reached at least that far); a miss only for
+    // one routing credited (a seat was free) that did not wait in the gateway's queue: the
+    // prompts prefilled while one waits are not counted.
+    let seen = l.shared_seen.iter().find(|(n, _)| *n == c.node);
+    if let Some(&(_, ago)) = seen.filter(|_| !c.fallback) {
+        let half = l.shared_tokens / 2;
+        let ollama = matches!(
+            fleet.node_config(c.node).backend,
+            crate::config::Backend::Ollama | crate::config::Backend::Sim
+        );
+        let hit = match (observed.cached_tokens, observed.prompt_tokens) {
+            (Some(cached), Some(_)) => Some(cached >= half),
+            (_, Some(counted)) => {
+                let short = counted.saturating_add(half) < l.prompt_tokens;
+                (short || ollama).then_some(short)
+            }
+            (_, None) => left_out.then_some(true),
+        };
+        let unwaited = l.shared_credited(c) && d.queue_wait < std::time::Duration::from_millis(1);
+        if let Some(hit) = hit.filter(|h| *h || unwaited) {
+            fleet.prefixes.cache_seen(c.node, &c.model, ago, hit);
+            log::debug!(
+                target: "fleetgate::learn",
+                "{} {}: its cache {} the system prompt it prefilled {ago} prompts before (reach now {})",
+                c.node_id,
+                c.model,
+                if hit { "held" } else { "had lost" },
+                fleet.prefixes.reach(c.node, &c.model)
             );
         }
     }
@@ -425,57 +421,8 @@ fn learn(
             None => base.max(l.prompt_tokens),
         };
         let held = prompt.saturating_add(observed.output_tokens().unwrap_or(0));
-        let at = d.state.lock().prefilled_at;
-        fleet
-            .prefixes
-            .remember(key, c.node, &c.model, held, at, now);
+        fleet.prefixes.remember(key, c.node, held, now);
     }
-}
-
-/// What an answer says of its node's prefix cache for `tokens` it prefilled `since` prompts
-/// before (`fleet::prefix`): the node's count of its cached part (OpenAI, newer Ollama); else,
-/// from a node spoken to in Ollama's API, its older count of only what it prefilled, short of
-/// the estimate by half of them or more, or left out. A bare count elsewhere may be the whole
-/// prompt: it tells a hit only. A hit is news however long the request waited (the cache
-/// reached at least that far); a miss only for one `credited` as cached that waited nowhere
-/// (the prompts prefilled while one waits are not counted).
-#[allow(clippy::too_many_arguments)]
-fn judge_cache(
-    fleet: &Fleet,
-    d: &Dispatch,
-    observed: &super::observe::Observed,
-    left_out: bool,
-    since: u64,
-    tokens: u32,
-    credited: bool,
-    what: &str,
-) {
-    let c = d.choice();
-    let half = tokens / 2;
-    let ollama = matches!(
-        fleet.node_config(c.node).backend,
-        crate::config::Backend::Ollama | crate::config::Backend::Sim
-    );
-    let hit = match (observed.cached_tokens, observed.prompt_tokens) {
-        (Some(cached), Some(_)) => Some(cached >= half),
-        (_, Some(counted)) => {
-            let short = counted.saturating_add(half) < d.learn.prompt_tokens;
-            (short || ollama).then_some(short)
-        }
-        (_, None) => left_out.then_some(true),
-    };
-    let Some(hit) = hit.filter(|h| *h || credited) else {
-        return;
-    };
-    fleet.prefixes.cache_seen(c.node, &c.model, since, hit);
-    log::debug!(
-        target: "fleetgate::learn",
-        "{} {}: its cache {} the {what} it prefilled {since} prompts before (reach now {})",
-        c.node_id,
-        c.model,
-        if hit { "held" } else { "had lost" },
-        fleet.prefixes.reach(c.node, &c.model)
-    );
 }
 
 /// How late (s) a streamed answer's first token came, when that makes it a stall

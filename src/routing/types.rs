@@ -45,9 +45,6 @@ pub struct RouteRequest {
     pub cached_prefix_tokens: u32,
     /// The node that last served this request's prefix key (this gateway's memory).
     pub cached_on: Option<String>,
-    /// That node's prompts of the model since, and the tokens it then held (proxy side: what
-    /// its answer tells of its cache).
-    pub recalled: Option<(u64, u32)>,
     /// The request's system prompt, in tokens, taken as cached on `shared_on`: the nodes that
     /// last served a request with the same system prompt (`fleet::prefix`). Completion mode.
     pub shared_prefix_tokens: u32,
