@@ -92,10 +92,17 @@ impl LearnInput {
     }
 
     /// Routing counted the shared system prompt as cached on `c` (`decide::add_cached_prefix`:
-    /// a node remembered holding it, a seat free, the primary model).
+    /// a node remembered holding it, a seat free, the primary model). A conversation's own
+    /// credit can be as large on a busy node: a predicted seat wait (or none known) says the
+    /// system prompt's was not given.
     pub fn shared_credited(&self, c: &Choice) -> bool {
+        let free = c
+            .predicted_s
+            .zip(c.predicted_run_s)
+            .is_some_and(|(total, run)| total - run <= 1e-3);
         self.shared_tokens > 0
             && !c.fallback
+            && free
             && c.cached_tokens >= self.shared_tokens
             && self.shared_on.contains(&c.node_id)
     }
@@ -354,6 +361,43 @@ mod tests {
             seat_test: None,
             idle: None,
         }
+    }
+
+    #[test]
+    fn a_shared_system_prompt_is_credited_only_where_routing_gave_it() {
+        let learn = LearnInput {
+            prompt_tokens: 3_000,
+            shared_tokens: 2_000,
+            shared_on: vec!["n1".into()],
+            ..LearnInput::default()
+        };
+        let credited = |wait: f64, cached: u32, fallback: bool| Choice {
+            predicted_s: Some(1.0 + wait),
+            predicted_run_s: Some(1.0),
+            cached_tokens: cached,
+            fallback,
+            ..choice(1)
+        };
+        assert!(learn.shared_credited(&credited(0.0, 2_000, false)));
+        assert_eq!(learn.uncached(&credited(0.0, 2_000, false)), Some(1_000));
+        // A seat wait: a larger credit there was the conversation's, not the system prompt's.
+        assert!(!learn.shared_credited(&credited(0.5, 2_400, false)));
+        assert_eq!(learn.uncached(&credited(0.5, 2_400, false)), None);
+        assert!(
+            !learn.shared_credited(&credited(0.0, 2_000, true)),
+            "a fallback"
+        );
+        assert!(
+            !learn.shared_credited(&credited(0.0, 0, false)),
+            "not credited"
+        );
+        assert!(!learn.shared_credited(&choice(1)), "no prediction");
+        assert!(!learn.shared_credited(&Choice {
+            cached_tokens: 2_000,
+            predicted_s: Some(1.0),
+            predicted_run_s: Some(1.0),
+            ..choice(2)
+        }));
     }
 
     fn dispatch(max_retries: u32, nodes: &[Arc<NodeState>]) -> Dispatch {
