@@ -80,15 +80,14 @@ pub struct LearnInput {
 }
 
 impl LearnInput {
-    /// The prompt tokens `c`'s node was credited as not holding, when it was credited with
-    /// any: the conversation on the node this gateway saw serve it (not a first turn's
-    /// rendezvous credit), or the shared system prompt where routing credited it.
-    pub fn uncached(&self, c: &Choice) -> Option<u32> {
+    /// The prompt tokens `c`'s node was credited as holding, when it was credited with any:
+    /// the conversation on the node this gateway saw serve it (not a first turn's rendezvous
+    /// credit), or the shared system prompt where routing credited it.
+    pub fn credited(&self, c: &Choice) -> Option<u32> {
         let conversation =
             (self.cached_on.as_deref() == Some(c.node_id.as_str())).then_some(self.cached_tokens);
         let shared = self.shared_credited(c).then_some(self.shared_tokens);
-        let cached = conversation.max(shared)?;
-        Some(self.prompt_tokens.saturating_sub(cached))
+        conversation.max(shared)
     }
 
     /// Routing counted the shared system prompt as cached on `c` (`decide::add_cached_prefix`:
@@ -96,13 +95,9 @@ impl LearnInput {
     /// credit can be as large on a busy node: a predicted seat wait (or none known) says the
     /// system prompt's was not given.
     pub fn shared_credited(&self, c: &Choice) -> bool {
-        let free = c
-            .predicted_s
-            .zip(c.predicted_run_s)
-            .is_some_and(|(total, run)| total - run <= 1e-3);
         self.shared_tokens > 0
             && !c.fallback
-            && free
+            && c.predicted_wait_s().is_some_and(|w| w <= 1e-3)
             && c.cached_tokens >= self.shared_tokens
             && self.shared_on.contains(&c.node_id)
     }
@@ -257,10 +252,10 @@ impl Dispatch {
             // rest it waits inside the node (a seat the gateway does not hold it for, the
             // node's prefill queue), before its first token and its end. A failover's attempt
             // goes later than its decision: only the first one is counted so.
-            let wait_s = match (choice.predicted_s, choice.predicted_run_s) {
-                (Some(total), Some(run)) if st.current == 0 => (total - run).max(0.0),
-                _ => 0.0,
-            };
+            let wait_s = choice
+                .predicted_wait_s()
+                .filter(|_| st.current == 0)
+                .map_or(0.0, |w| w.max(0.0));
             let passed_s = wait_s.min(self.queue_wait.as_secs_f64());
             match (choice.predicted_run_s, choice.predicted_s) {
                 (Some(run_s), _) => {
@@ -286,10 +281,9 @@ impl Dispatch {
         if !self.stream {
             return;
         }
-        let tokens = self
-            .learn
-            .uncached(&self.ranked[st.current])
-            .unwrap_or(self.learn.prompt_tokens);
+        let l = &self.learn;
+        let cached = l.credited(&self.ranked[st.current]).unwrap_or(0);
+        let tokens = l.prompt_tokens.saturating_sub(cached);
         if let Some(lease) = st.lease.as_mut() {
             lease.start_prefill(tokens, now_ms);
         }
@@ -379,10 +373,10 @@ mod tests {
             ..choice(1)
         };
         assert!(learn.shared_credited(&credited(0.0, 2_000, false)));
-        assert_eq!(learn.uncached(&credited(0.0, 2_000, false)), Some(1_000));
+        assert_eq!(learn.credited(&credited(0.0, 2_000, false)), Some(2_000));
         // A seat wait: a larger credit there was the conversation's, not the system prompt's.
         assert!(!learn.shared_credited(&credited(0.5, 2_400, false)));
-        assert_eq!(learn.uncached(&credited(0.5, 2_400, false)), None);
+        assert_eq!(learn.credited(&credited(0.5, 2_400, false)), None);
         assert!(
             !learn.shared_credited(&credited(0.0, 2_000, true)),
             "a fallback"

@@ -32,6 +32,20 @@ impl Observed {
         self.completion_tokens
             .or((self.chunks >= 2).then_some(self.chunks))
     }
+
+    /// The node's count of the cached tokens, beside its count of the whole prompt (OpenAI
+    /// usage counts the cached tokens in `prompt_tokens`, newer Ollama in
+    /// `prompt_eval_count`). None: a prompt count, if any, may be only what was prefilled
+    /// (`fleet::calibrate`).
+    pub fn cached_of_whole(&self) -> Option<u32> {
+        self.cached_tokens.filter(|_| self.prompt_tokens.is_some())
+    }
+
+    /// The node counted its output and left its prompt count out, as Ollama does when its
+    /// cache held the whole prompt.
+    pub fn prompt_left_out(&self) -> bool {
+        self.prompt_tokens.is_none() && self.completion_tokens.is_some()
+    }
 }
 
 #[derive(Debug, Default)]

@@ -139,8 +139,8 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
         // Without a cache count beside it, the count may be only the part the node prefilled
         // (`fleet::calibrate`): sent where the conversation or its system prompt was
         // credited as cached, it is, and says nothing of the prompt's size.
-        let whole = observed.cached_tokens.is_some();
-        let on_cached = d.learn.uncached(c).is_some();
+        let whole = observed.cached_of_whole().is_some();
+        let on_cached = d.learn.credited(c).is_some();
         if whole || !on_cached {
             calibrate(fleet, d, &c.model, pt, whole);
         }
@@ -196,17 +196,9 @@ fn learn(
     // for a while (and gets the traffic that corrects it); taking a first turn as cached made
     // a 2,190-token prefill count as 8 tokens and shut a node out for good.
     let base = observed.prompt_tokens.unwrap_or(l.prompt_tokens);
-    let credited = l
-        .uncached(c)
-        .map(|rest| l.prompt_tokens.saturating_sub(rest));
-    // The node's cache count only means something next to its prompt count (OpenAI usage
-    // counts the cached tokens in prompt_tokens).
-    let reported = observed
-        .cached_tokens
-        .filter(|_| observed.prompt_tokens.is_some());
-    // Ollama leaves its prompt count out when its cache held the whole prompt.
-    let left_out = observed.prompt_tokens.is_none() && observed.completion_tokens.is_some();
-    let (evaluated, counted) = evaluated_tokens(base, reported, credited, left_out);
+    let left_out = observed.prompt_left_out();
+    let (evaluated, counted) =
+        evaluated_tokens(base, observed.cached_of_whole(), l.credited(c), left_out);
     let (prior_prefill_tps, prior_spt) = fleet.rate_priors(c.node, &c.model);
     let node = fleet.node(c.node);
     let counters = node.counters(&c.model);
@@ -392,13 +384,13 @@ fn learn(
             fleet.node_config(c.node).backend,
             crate::config::Backend::Ollama | crate::config::Backend::Sim
         );
-        let hit = match (observed.cached_tokens, observed.prompt_tokens) {
-            (Some(cached), Some(_)) => Some(cached >= half),
-            (_, Some(counted)) => {
+        let hit = match (observed.cached_of_whole(), observed.prompt_tokens) {
+            (Some(cached), _) => Some(cached >= half),
+            (None, Some(counted)) => {
                 let short = counted.saturating_add(half) < l.prompt_tokens;
                 (short || ollama).then_some(short)
             }
-            (_, None) => left_out.then_some(true),
+            (None, None) => left_out.then_some(true),
         };
         let unwaited = l.shared_credited(c) && d.queue_wait < std::time::Duration::from_millis(1);
         if let Some(hit) = hit.filter(|h| *h || unwaited) {
@@ -416,7 +408,7 @@ fn learn(
     if let Some(key) = l.affinity_key {
         // A count without a cache count beside it may be only what was prefilled
         // (`fleet::calibrate`): the node holds at least the prompt as estimated.
-        let prompt = match observed.cached_tokens {
+        let prompt = match observed.cached_of_whole() {
             Some(_) => base,
             None => base.max(l.prompt_tokens),
         };

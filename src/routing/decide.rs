@@ -596,12 +596,12 @@ fn add_cached_prefix(
     let conversation = req.cached_prefix_tokens > 0 && affinity::request_key(req).is_some();
     let n_models = req.models.len();
     for (pos, owner) in rendezvous.iter().enumerate() {
-        let scored = |table: &[Row], idx: usize| {
-            matches!(
-                table[idx * n_models + pos].verdict,
-                Verdict::Predicted { .. }
-            )
+        // The pair's first-pass prediction, if it was scored.
+        let predicted = |table: &[Row], idx: usize| match table[idx * n_models + pos].verdict {
+            Verdict::Predicted { prediction } => Some(prediction),
+            _ => None,
         };
+        let scored = |table: &[Row], idx: usize| predicted(table, idx).is_some();
         let credited = conversation
             .then(|| {
                 cached_on
@@ -613,12 +613,8 @@ fn add_cached_prefix(
         // A system prompt counts only where a seat is free now: the cache churns while a
         // request waits (each prompt prefilled ahead of it pushes an older one out), so the
         // prompts counted since say nothing of what it would find.
-        let free = |table: &[Row], idx: usize| {
-            matches!(
-                table[idx * n_models + pos].verdict,
-                Verdict::Predicted { prediction } if prediction.wait_s <= 0.0
-            )
-        };
+        let free =
+            |table: &[Row], idx: usize| predicted(table, idx).is_some_and(|p| p.wait_s <= 0.0);
         if let Some(idx) = credited {
             let tokens = if shared.contains(&idx) && free(table, idx) {
                 req.cached_prefix_tokens.max(req.shared_prefix_tokens)

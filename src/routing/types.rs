@@ -593,6 +593,16 @@ pub struct Choice {
     pub idle: Option<IdleExpect>,
 }
 
+impl Choice {
+    /// Completion mode: the seconds it was predicted to wait for a seat (its finish less its
+    /// run); None from priors or in other modes.
+    pub fn predicted_wait_s(&self) -> Option<f64> {
+        self.predicted_s
+            .zip(self.predicted_run_s)
+            .map(|(total, run)| total - run)
+    }
+}
+
 /// What a request to an idle pair on a node that hides its loads was predicted to take
 /// without a load. Its answer shows a load when its first token came much later than its
 /// prefill explains, more than the node's decode was slower than predicted (a node slower
