@@ -28,9 +28,10 @@
 //!
 //! Before any sample the estimate is exactly `ceil(chars / default)` (spec 000's formula).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
 
 /// Samples kept per model.
 pub const WINDOW: usize = 64;
@@ -45,12 +46,22 @@ pub const LOWER_MAX_CPT: f64 = 6.0;
 /// Nor one reading more than this times the rate fitted so far (the default before any).
 pub const LOWER_MARGIN: f64 = 1.5;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Sample {
+/// One answer's prompt: its text's characters and the tokens the node counted for it (less
+/// the per-message/image tokens); kept in `rates.json` so a restart starts calibrated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
     chars: f64,
     tokens: f64,
     /// The node counted the whole prompt (else it may have left its cached part out).
     whole: bool,
+}
+
+impl Sample {
+    /// Finite, non-negative, and some tokens: what `observe` keeps (a hand-edited state file
+    /// can hold anything).
+    fn sane(&self) -> bool {
+        self.chars.is_finite() && self.chars >= 0.0 && self.tokens.is_finite() && self.tokens >= 0.0
+    }
 }
 
 #[derive(Debug, Default)]
@@ -171,6 +182,37 @@ impl Calibration {
         });
         c.refit(default);
         Some(c.cpt.unwrap_or(default))
+    }
+
+    /// Every model's samples, oldest first (what `restore` takes back after a restart).
+    pub fn samples(&self) -> BTreeMap<String, Vec<Sample>> {
+        self.by_model
+            .read()
+            .iter()
+            .filter(|(_, c)| !c.samples.is_empty())
+            .map(|(k, c)| (k.clone(), c.samples.iter().copied().collect()))
+            .collect()
+    }
+
+    /// Take back `model`'s samples saved before a restart (the last [`WINDOW`] that are
+    /// sane) and fit them, unless the model has samples of its own already.
+    pub fn restore(&self, model: &str, samples: &[Sample], default: f64) {
+        let default = sane(default);
+        let mut map = self.by_model.write();
+        if map.get(model).is_some_and(|c| !c.samples.is_empty()) {
+            return;
+        }
+        let kept: VecDeque<Sample> = samples.iter().copied().filter(Sample::sane).collect();
+        let skip = kept.len().saturating_sub(WINDOW);
+        let mut c = ModelCal {
+            samples: kept.into_iter().skip(skip).collect(),
+            ..ModelCal::default()
+        };
+        if c.samples.is_empty() {
+            return;
+        }
+        c.refit(default);
+        map.insert(model.to_string(), c);
     }
 
     /// (model, fitted chars per token) for every model with a rate sample.
@@ -301,6 +343,40 @@ mod tests {
             c.observe("code", 8_000, 2_671, 4, 4.0, false);
         }
         assert_eq!(c.observe("code", 8_000, 1_404, 4, 4.0, false), None);
+    }
+
+    /// Samples taken back after a restart fit as they did; a state file's nonsense is
+    /// dropped, only the last window is kept, and a model that has answered since keeps its own.
+    #[test]
+    fn restored_samples_fit_as_before_and_nonsense_is_dropped() {
+        let before = Calibration::default();
+        for i in 0..80u32 {
+            before.observe("m", 1_000 + 10 * i as usize, 300 + 3 * i, 0, 4.0, true);
+        }
+        let saved = before.samples();
+        assert_eq!(saved["m"].len(), WINDOW);
+        let mut kept = vec![Sample {
+            chars: f64::NAN,
+            tokens: 1.0,
+            whole: true,
+        }];
+        kept.extend(saved["m"].iter().copied());
+        let after = Calibration::default();
+        after.restore("m", &kept, 4.0);
+        for chars in [500, 1_500, 5_000] {
+            assert_eq!(
+                after.text_tokens("m", chars, 4.0),
+                before.text_tokens("m", chars, 4.0)
+            );
+        }
+        after.restore("m", &[], 4.0);
+        assert_eq!(after.samples()["m"].len(), WINDOW, "its own kept");
+        after.restore("n", &kept[..1], 4.0);
+        assert_eq!(
+            after.text_tokens("n", 400, 4.0),
+            100,
+            "nothing sane: the default"
+        );
     }
 
     #[test]

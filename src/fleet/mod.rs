@@ -750,6 +750,41 @@ mod tests {
         fleet
     }
 
+    /// What the gateway learned of its prompts' sizes and of a node's prefix cache survives a
+    /// restart: a gateway started on the same state directory estimates a prompt as the first
+    /// had learned to (not at the configured chars per token), and credits the node's cache as
+    /// many prompts back.
+    #[test]
+    fn prompt_calibration_and_cache_reach_survive_a_restart() {
+        let dir = std::env::temp_dir().join(format!("fleetgate-calib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let yaml = format!(
+            "learning:\n  state_dir: {}\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n",
+            dir.display()
+        );
+        let start = || Fleet::new(Arc::new(crate::config::Config::from_yaml(&yaml).unwrap()));
+        let first = start();
+        let default = first.config().routing.chars_per_token;
+        // Dense text: 3 characters a token, the default reads 4.
+        for i in 0..10u32 {
+            let chars = 3_000 + 300 * i as usize;
+            first
+                .calibration
+                .observe("m", chars, 1_000 + 100 * i, 0, default, true);
+        }
+        first.prefixes.cache_seen(0, "m", 20, true);
+        let learned = first.calibration.text_tokens("m", 6_000, default);
+        assert_eq!(learned, 2_000);
+        assert!(first.save_rates(&dir).is_ok());
+
+        let second = start();
+        assert_eq!(second.calibration.text_tokens("m", 6_000, default), 1_500);
+        assert!(second.load_rates().is_ok());
+        assert_eq!(second.calibration.text_tokens("m", 6_000, default), learned);
+        assert_eq!(second.prefixes.reach(0, "m"), 21);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// An unload the gateway is about to send shows in routing's view at once, once: a second
     /// claim (another cold load choosing the same victim), a model not loaded and a model a
     /// request has taken up since are refused.

@@ -71,6 +71,8 @@ pub struct PrefixMemory {
     /// Per (node, hash of the model's name): a prefix cache is the model's (Ollama's runner,
     /// the sim's LRU), so another model's prompts do not push this one's out.
     caches: Mutex<HashMap<(usize, u64), NodeCache>>,
+    /// The names behind the model hashes whose reach was learned (what `rates.json` keeps).
+    names: Mutex<HashMap<u64, Box<str>>>,
     /// Requests seen that start a conversation / continue one / continue one this gateway did
     /// not remember placing (halved together past [`TURNS_WINDOW`], so the shares follow the
     /// workload).
@@ -195,8 +197,9 @@ impl PrefixMemory {
     /// What an answer of `node` said of its cache for a system prompt it prefilled `since`
     /// prompts before the request was placed: held (`hit`) or not.
     pub fn cache_seen(&self, node: usize, model: &str, since: u64, hit: bool) {
+        let hash = self.named(model);
         let mut caches = self.caches.lock();
-        let n = caches.entry((node, model_hash(model))).or_default();
+        let n = caches.entry((node, hash)).or_default();
         n.reach = if hit {
             n.reach.max(since + 1)
         } else if since < n.reach {
@@ -212,6 +215,33 @@ impl PrefixMemory {
             .lock()
             .get(&(node, model_hash(model)))
             .map_or(INITIAL_REACH, |n| n.reach)
+    }
+
+    /// Every (node, model, reach) learned to differ from [`INITIAL_REACH`], for `rates.json`.
+    pub fn reaches(&self) -> Vec<(usize, String, u64)> {
+        let names = self.names.lock();
+        self.caches
+            .lock()
+            .iter()
+            .filter(|(_, n)| n.reach != INITIAL_REACH)
+            .filter_map(|(&(node, hash), n)| Some((node, names.get(&hash)?.to_string(), n.reach)))
+            .collect()
+    }
+
+    /// Take back a reach learned before a restart (`rates.json`), at least 1.
+    pub fn restore_reach(&self, node: usize, model: &str, reach: u64) {
+        let hash = self.named(model);
+        self.caches.lock().entry((node, hash)).or_default().reach = reach.max(1);
+    }
+
+    /// `model`'s hash, its name remembered.
+    fn named(&self, model: &str) -> u64 {
+        let hash = model_hash(model);
+        self.names
+            .lock()
+            .entry(hash)
+            .or_insert_with(|| model.into());
+        hash
     }
 }
 

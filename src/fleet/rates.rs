@@ -357,6 +357,13 @@ pub struct RatesStore {
     /// of the model's own seats.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub own_seat_bounds: BTreeMap<String, super::SeatBound>,
+    /// Per pair, how many prompts back its prefix cache was learned to reach, where it is
+    /// not [`super::prefix::INITIAL_REACH`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prefix_reach: BTreeMap<String, u64>,
+    /// Per model, the prompt-token calibration's samples (`fleet::calibrate`), oldest first.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub calibration: BTreeMap<String, Vec<super::calibrate::Sample>>,
 }
 
 impl RatesStore {

@@ -221,6 +221,14 @@ impl Fleet {
                 }
             }
         }
+        for (i, model, reach) in self.prefixes.reaches() {
+            if let Some(cfg) = configs.get(i) {
+                store
+                    .prefix_reach
+                    .insert(super::RatesStore::key(&cfg.id, &model), reach);
+            }
+        }
+        store.calibration = self.calibration.samples();
         store
     }
 
@@ -231,6 +239,8 @@ impl Fleet {
             && store.seats.is_empty()
             && store.seat_bounds.is_empty()
             && store.own_seat_bounds.is_empty()
+            && store.prefix_reach.is_empty()
+            && store.calibration.is_empty()
         {
             return Ok(0);
         }
@@ -246,14 +256,6 @@ impl Fleet {
         };
         let store = super::RatesStore::load(&dir)?;
         let mut n = 0;
-        for (key, rates) in store.pairs {
-            let Some((id, model)) = key.split_once('/') else {
-                continue;
-            };
-            let Some(i) = self.index_of(id) else { continue };
-            *self.node(i).counters(model).rates.lock() = rates;
-            n += 1;
-        }
         for (id, sharing) in store.seats {
             if let Some(i) = self.index_of(&id) {
                 *self.node(i).seat_sharing.lock() = sharing;
@@ -264,13 +266,30 @@ impl Fleet {
                 *self.node(i).seat_bound.lock() = bound;
             }
         }
-        for (key, bound) in store.own_seat_bounds {
-            let pair = key
-                .split_once('/')
-                .and_then(|(id, m)| Some((self.index_of(id)?, m)));
-            if let Some((i, model)) = pair {
-                *self.node(i).counters(model).seat_bound.lock() = bound;
+        // A `node/model` key of a node still configured: its index and the model.
+        let pair = |key: &str| -> Option<(usize, String)> {
+            let (id, model) = key.split_once('/')?;
+            Some((self.index_of(id)?, model.to_string()))
+        };
+        for (key, rates) in store.pairs {
+            if let Some((i, model)) = pair(&key) {
+                *self.node(i).counters(&model).rates.lock() = rates;
+                n += 1;
             }
+        }
+        for (key, bound) in store.own_seat_bounds {
+            if let Some((i, model)) = pair(&key) {
+                *self.node(i).counters(&model).seat_bound.lock() = bound;
+            }
+        }
+        for (key, reach) in store.prefix_reach {
+            if let Some((i, model)) = pair(&key) {
+                self.prefixes.restore_reach(i, &model, reach);
+            }
+        }
+        let default = self.config().routing.chars_per_token;
+        for (model, samples) in store.calibration {
+            self.calibration.restore(&model, &samples, default);
         }
         Ok(n)
     }
