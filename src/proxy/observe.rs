@@ -135,13 +135,23 @@ impl StreamObserver {
                 .or_else(|| keys.iter().find_map(|k| head[*k as usize]))
         };
         let u32_of = |v: Option<u64>| v.and_then(|n| u32::try_from(n).ok());
+        // Anthropic's `input_tokens` leaves out what was read from or written to its cache:
+        // the whole prompt is the three, the cache read beside it.
+        let anthropic = find(&[Key::PromptTokens, Key::PromptEvalCount]).is_none();
+        let cache_read = find(&[Key::CacheReadInputTokens]).filter(|_| anthropic);
+        let prompt = match (
+            find(&[Key::PromptTokens, Key::PromptEvalCount, Key::InputTokens]),
+            cache_read,
+        ) {
+            (Some(input), Some(read)) => {
+                let created = find(&[Key::CacheCreationInputTokens]).unwrap_or(0);
+                input.checked_add(read).and_then(|n| n.checked_add(created))
+            }
+            (prompt, _) => prompt,
+        };
         let o = Observed {
             chunks: self.chunks,
-            prompt_tokens: u32_of(find(&[
-                Key::PromptTokens,
-                Key::PromptEvalCount,
-                Key::InputTokens,
-            ])),
+            prompt_tokens: u32_of(prompt),
             completion_tokens: u32_of(find(&[
                 Key::CompletionTokens,
                 Key::EvalCount,
@@ -150,7 +160,9 @@ impl StreamObserver {
             eval_duration_ns: find(&[Key::EvalDuration, Key::PredictedMs]),
             prompt_eval_duration_ns: find(&[Key::PromptEvalDuration, Key::PromptMs]),
             load_duration_ns: find(&[Key::LoadDuration]),
-            cached_tokens: u32_of(find(&[Key::CachedTokens, Key::PromptEvalCachedCount])),
+            cached_tokens: u32_of(
+                find(&[Key::CachedTokens, Key::PromptEvalCachedCount]).or(cache_read),
+            ),
         };
         self.finished = Some(o);
         o
@@ -184,13 +196,17 @@ enum Key {
     /// Ollama (releases since August 2026): the prompt tokens read from its cache, counted in
     /// `prompt_eval_count`.
     PromptEvalCachedCount,
+    /// Anthropic: prompt tokens read from the cache / written to it, not counted in
+    /// `input_tokens`.
+    CacheReadInputTokens,
+    CacheCreationInputTokens,
     /// llama.cpp `timings`: milliseconds with a fraction, read as nanoseconds.
     PromptMs,
     PredictedMs,
 }
 
 /// The JSON names of [`Key`], in its order.
-const KEYS: [&[u8]; 13] = [
+const KEYS: [&[u8]; 15] = [
     b"prompt_tokens",
     b"prompt_eval_count",
     b"input_tokens",
@@ -202,6 +218,8 @@ const KEYS: [&[u8]; 13] = [
     b"load_duration",
     b"cached_tokens",
     b"prompt_eval_cached_count",
+    b"cache_read_input_tokens",
+    b"cache_creation_input_tokens",
     b"prompt_ms",
     b"predicted_ms",
 ];
@@ -389,6 +407,26 @@ mod tests {
         let o = observe(&[&body]);
         assert_eq!(o.prompt_tokens, Some(25), "from the head");
         assert_eq!(o.completion_tokens, Some(2000), "from the tail");
+    }
+
+    /// Anthropic counts what its cache read and wrote apart from `input_tokens`: the whole
+    /// prompt is the three, and the cache read is its cached part, as OpenAI's usage says it.
+    /// Beside OpenAI's own count (a proxy that adds Anthropic's fields), OpenAI's counts stand.
+    #[test]
+    fn anthropic_cache_counts_make_the_whole_prompt() {
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":40,\"cache_creation_input_tokens\":10,\"cache_read_input_tokens\":2300,\"output_tokens\":1}}}\n\n";
+        let o = observe(&[start, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n"]);
+        assert_eq!((o.prompt_tokens, o.cached_tokens), (Some(2350), Some(2300)));
+        assert_eq!(o.cached_of_whole(), Some(2300));
+        let plain = observe(&[r#"{"usage":{"input_tokens":40,"output_tokens":7}}"#]);
+        assert_eq!((plain.prompt_tokens, plain.cached_tokens), (Some(40), None));
+        let proxied = observe(&[
+            r#"{"usage":{"prompt_tokens":2350,"completion_tokens":7,"cache_read_input_tokens":2300,"prompt_tokens_details":{"cached_tokens":2300}}}"#,
+        ]);
+        assert_eq!(
+            (proxied.prompt_tokens, proxied.cached_tokens),
+            (Some(2350), Some(2300))
+        );
     }
 
     #[test]
