@@ -237,14 +237,38 @@ fn chat_estimate(cached_count: bool) -> (Vec<(u64, u64)>, Option<f64>) {
 /// prefix cache shows the reuse.
 #[test]
 fn requests_that_share_a_system_prompt_go_where_it_is_cached() {
-    let rt = runtime();
-    let sims: Vec<_> = (0..3).map(|_| sim(&rt, &spec())).collect();
-    let gw = Gateway::start(&config(&sims));
-    let ask = |q: usize| {
+    one_shot_questions_gather_where_their_shared_part_is_cached(|q| {
         json!({"model": MODEL, "max_tokens": 8, "messages": [
             {"role": "system", "content": "You are the build agent. ".repeat(120)},
             {"role": "user", "content": format!("question {q}: why did the build break?")}]})
-    };
+    });
+}
+
+/// The same with no system prompt at all, only the tools an agent declares with every request
+/// (which chat templates render ahead of the first message: the sim caches them so).
+#[test]
+fn requests_that_declare_the_same_tools_go_where_they_are_cached() {
+    let tools: Vec<Value> = (0..16)
+        .map(|i| {
+            json!({"type": "function", "function": {
+                "name": format!("tool_{i}"),
+                "description": "Reads a file of the build and says what broke in it.",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})
+        })
+        .collect();
+    assert!(Value::from(tools.clone()).to_string().len() > 2_800);
+    one_shot_questions_gather_where_their_shared_part_is_cached(|q| {
+        json!({"model": MODEL, "max_tokens": 8, "tools": tools, "messages": [
+            {"role": "user", "content": format!("question {q}: why did the build break?")}]})
+    });
+}
+
+/// Three equal nodes; six one-shot questions (`ask(q)`) that share a ~750-token part: all go
+/// to the first one's node, whose prefix cache shows five hits.
+fn one_shot_questions_gather_where_their_shared_part_is_cached(ask: impl Fn(usize) -> Value) {
+    let rt = runtime();
+    let sims: Vec<_> = (0..3).map(|_| sim(&rt, &spec())).collect();
+    let gw = Gateway::start(&config(&sims));
     rt.block_on(async {
         for i in 0..3 {
             send(&gw, &chat_of("Warm up. ", 1), Some(&format!("n{i}"))).await;
@@ -263,7 +287,7 @@ fn requests_that_share_a_system_prompt_go_where_it_is_cached() {
             let (node, _) = send(&gw, &ask(q), None).await;
             assert_eq!(
                 node, home,
-                "question {q} went where the system prompt is cached"
+                "question {q} went where the shared part is cached"
             );
         }
         let stats = sims[idx].control().stats();

@@ -2,8 +2,9 @@
 //! hashed, so header-less turns can return to the node that caches it (prefix affinity).
 //!
 //! Chats (OpenAI chat, Ollama chat, Anthropic messages, Responses with an item list): the
-//! system / developer messages (Anthropic and Ollama `system` fields too) and the first user
-//! message. Raw completions (OpenAI completions, Ollama generate, Responses with a string): the
+//! system / developer messages (Anthropic and Ollama `system` fields too), the tools declared
+//! (`tools`: chat templates render them beside the system prompt, ahead of the first message,
+//! and an agent sends the same ones with every request) and the first user message. Raw completions (OpenAI completions, Ollama generate, Responses with a string): the
 //! `system` field and the prompt's leading block, its first [`LEADING_BLOCK_CHARS`] characters
 //! (a shorter prompt is its own leading block). Embeddings and token-id prompts: none. The hash
 //! is a fixed function (XXH3-64, seed 0: a published algorithm, so every replica and version
@@ -34,21 +35,23 @@ pub struct Prefix {
     /// (this one, a replica, this one before a restart) may have placed.
     pub continues: bool,
     /// Hash and characters of the system part alone (system / developer messages, `system`
-    /// and `instructions` fields), 0 chars when there is none: what requests of other
-    /// conversations may share (an agent's or an app's system prompt), cached wherever one of
-    /// them was served.
+    /// and `instructions` fields, the tools declared), 0 chars when there is none: what
+    /// requests of other conversations may share (an agent's or an app's system prompt and
+    /// tools), cached wherever one of them was served.
     pub system_hash: u64,
     pub system_chars: usize,
 }
 
-struct Acc {
+struct Acc<'a> {
+    /// The request's non-empty `tools`, hashed where the system part ends.
+    tools: Option<&'a Value>,
     hasher: Xxh3,
     chars: usize,
     continues: bool,
     system: (u64, usize),
 }
 
-impl Acc {
+impl Acc<'_> {
     fn part(&mut self, tag: &str, v: &Value) {
         let owned;
         let text = match v {
@@ -74,8 +77,12 @@ impl Acc {
         self.hasher.update(&[0]);
     }
 
-    /// The system part ends here: what was hashed so far is it.
+    /// The system part ends here (the tools declared are its last): what was hashed so far
+    /// is it.
     fn end_system(&mut self) {
+        if let Some(tools) = self.tools.take() {
+            self.part("tools", tools);
+        }
         if self.chars > 0 {
             self.system = (self.hasher.digest(), self.chars);
         }
@@ -95,6 +102,7 @@ impl Acc {
 /// The stable prefix of a parsed body for `ep`; None when it has none.
 pub fn stable_prefix(ep: Endpoint, obj: &Obj) -> Option<Prefix> {
     let mut acc = Acc {
+        tools: get(obj, "tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty())),
         hasher: Xxh3::new(),
         chars: 0,
         continues: false,
@@ -229,6 +237,34 @@ mod tests {
             {"role":"user","content":"hello"}]});
         let longer = prefix(Endpoint::OpenAIChat, longer).expect("chat has a prefix");
         assert_ne!(longer.system_hash, a.system_hash);
+    }
+
+    /// An agent's requests declare the same tools, which templates render beside the system
+    /// prompt: they are part of what other conversations share, with or without a system
+    /// message, and tools of another agent are another prefix.
+    #[test]
+    fn the_tools_declared_are_part_of_the_system_part() {
+        let tools = json!([{"type":"function","function":{"name":"read_file",
+            "parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}]);
+        let ask = |tools: &Value, q: &str| {
+            let v = json!({"model":"m","tools":tools,"messages":[{"role":"user","content":q}]});
+            prefix(Endpoint::OpenAIChat, v).expect("chat has a prefix")
+        };
+        let (a, b) = (ask(&tools, "fix the build"), ask(&tools, "why is it slow?"));
+        assert_eq!(a.system_chars, tools.to_string().len());
+        assert_eq!(a.system_hash, b.system_hash);
+        assert_ne!(a.hash, b.hash, "each its own conversation");
+        let other = json!([{"type":"function","function":{"name":"write_file"}}]);
+        assert_ne!(ask(&other, "fix the build").system_hash, a.system_hash);
+        assert_eq!(
+            ask(&json!([]), "fix the build").system_chars,
+            0,
+            "none declared"
+        );
+        let with_system = json!({"model":"m","tools":tools,"system":"be brief",
+            "messages":[{"role":"user","content":"fix the build"}]});
+        let s = prefix(Endpoint::AnthropicMessages, with_system).expect("prefix");
+        assert_eq!(s.system_chars, "be brief".len() + tools.to_string().len());
     }
 
     #[test]

@@ -4,9 +4,8 @@ use super::control::{Fault, SimControl};
 use super::engine::{plan, Ask, Finish, Reject, Summary};
 use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, SSE};
 use super::models::KeepAlive;
-use super::prefix::message_chain;
+use super::prefix::{chain_tokens, message_chain, tools_text};
 use super::stream::Framer;
-use super::text::est_tokens;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -54,6 +53,8 @@ struct MessagesReq {
     system: Value,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    tools: Option<Value>,
 }
 
 fn stop_reason(f: Finish) -> &'static str {
@@ -139,18 +140,16 @@ pub(crate) async fn messages(State(ctl): State<Arc<SimControl>>, body: Bytes) ->
         .collect();
     let mut parts: Vec<&str> = vec![&system];
     parts.extend(texts.iter().flat_map(|(r, t)| [r.as_str(), t.as_str()]));
-    let prompt_tokens = texts
-        .iter()
-        .map(|(_, t)| est_tokens(t).saturating_add(4))
-        .fold(est_tokens(&system), u32::saturating_add);
+    let tools = tools_text(req.tools.as_ref());
+    let chain = message_chain(&req.model, Some(&system), &texts, tools.as_deref());
     let ask = Ask {
         model: req.model.clone(),
-        prompt_tokens,
+        prompt_tokens: chain_tokens(&chain),
         max_tokens: Some(max_tokens),
         hash: content_hash(&req.model, &parts),
         embed: false,
         keep_alive: KeepAlive::Default,
-        chain: message_chain(&req.model, Some(&system), &texts),
+        chain,
     };
     let p = match plan(&ctl, &ask) {
         Ok(p) => p,
@@ -160,7 +159,7 @@ pub(crate) async fn messages(State(ctl): State<Arc<SimControl>>, body: Bytes) ->
     let framer = AnFramer {
         id: id.clone(),
         model: req.model.clone(),
-        prompt_tokens,
+        prompt_tokens: ask.prompt_tokens,
     };
     let model = req.model.clone();
     let whole = move |text: String, s: &Summary| {

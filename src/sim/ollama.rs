@@ -4,7 +4,7 @@ use super::control::{Fault, SimControl};
 use super::engine::{ensure_loaded, plan, Ask, Finish, Reject, Summary};
 use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, NDJSON};
 use super::models::KeepAlive;
-use super::prefix::{message_chain, raw_chain};
+use super::prefix::{chain_tokens, message_chain, raw_chain, tools_text};
 use super::stream::Framer;
 use super::text::{est_tokens, rfc3339};
 use axum::extract::State;
@@ -42,6 +42,8 @@ struct ChatReq {
     keep_alive: Option<Value>,
     #[serde(default)]
     options: Option<Options>,
+    #[serde(default)]
+    tools: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -287,22 +289,20 @@ pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Res
         .iter()
         .map(|m| (m.role.clone(), text_of(&m.content)))
         .collect();
-    let prompt_tokens = texts
-        .iter()
-        .map(|(_, t)| est_tokens(t).saturating_add(4))
-        .fold(0u32, u32::saturating_add);
     let parts: Vec<&str> = texts
         .iter()
         .flat_map(|(r, t)| [r.as_str(), t.as_str()])
         .collect();
+    let tools = tools_text(req.tools.as_ref());
+    let chain = message_chain(&req.model, None, &texts, tools.as_deref());
     let ask = Ask {
         model: req.model.clone(),
-        prompt_tokens,
+        prompt_tokens: chain_tokens(&chain),
         max_tokens: max_tokens(&req.options),
         hash: content_hash(&req.model, &parts),
         embed: false,
         keep_alive: keep,
-        chain: message_chain(&req.model, None, &texts),
+        chain,
     };
     run(&ctl, ask, started, req.stream.unwrap_or(true), true).await
 }

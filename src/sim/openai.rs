@@ -3,7 +3,7 @@
 use super::control::{Fault, SimControl};
 use super::engine::{plan, Ask, Finish, Reject, Summary};
 use super::http::{content_hash, execute, intake, json, text_of, typed, Intake, SSE};
-use super::prefix::{message_chain, raw_chain};
+use super::prefix::{chain_tokens, message_chain, raw_chain, tools_text};
 use super::stream::Framer;
 use super::text::{est_tokens, unix_now};
 use axum::extract::State;
@@ -104,6 +104,8 @@ struct ChatReq {
     max_tokens: Option<u32>,
     #[serde(default)]
     max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    tools: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -243,17 +245,16 @@ pub(crate) async fn chat(State(ctl): State<Arc<SimControl>>, body: Bytes) -> Res
         .iter()
         .flat_map(|(r, t)| [r.as_str(), t.as_str()])
         .collect();
+    let tools = tools_text(req.tools.as_ref());
+    let chain = message_chain(&req.model, None, &texts, tools.as_deref());
     let ask = Ask {
         model: req.model.clone(),
-        prompt_tokens: texts
-            .iter()
-            .map(|(_, t)| est_tokens(t).saturating_add(4))
-            .fold(0, u32::saturating_add),
+        prompt_tokens: chain_tokens(&chain),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         hash: content_hash(&req.model, &parts),
         embed: false,
         keep_alive: super::models::KeepAlive::Default,
-        chain: message_chain(&req.model, None, &texts),
+        chain,
     };
     let include_usage = req.stream_options.unwrap_or_default().include_usage;
     run(

@@ -53,18 +53,41 @@ pub(crate) fn chat_chain(
 }
 
 /// Chain of chat messages counted as the sim counts them (a `system` field: its tokens; each
-/// message: its tokens + 4).
+/// message: its tokens + 4; the `tools` declared, as JSON text: its tokens, right after the
+/// leading system messages, where chat templates render them). Its last step's tokens are the
+/// prompt's.
 pub(crate) fn message_chain(
     model: &str,
     system: Option<&str>,
     texts: &[(String, String)],
+    tools: Option<&str>,
 ) -> Chain {
     let system = system.filter(|s| !s.is_empty()).map(|s| (s, est_tokens(s)));
-    let msgs: Vec<(&str, &str, u32)> = texts
+    let mut msgs: Vec<(&str, &str, u32)> = texts
         .iter()
         .map(|(r, t)| (r.as_str(), t.as_str(), est_tokens(t).saturating_add(4)))
         .collect();
+    if let Some(tools) = tools.filter(|t| !t.is_empty()) {
+        let at = msgs
+            .iter()
+            .position(|(r, _, _)| !matches!(*r, "system" | "developer"))
+            .unwrap_or(msgs.len());
+        msgs.insert(at, ("tools", tools, est_tokens(tools)));
+    }
     chat_chain(model, system, &msgs)
+}
+
+/// The `tools` a chat request declares, as the JSON text the sim's chain and counts take
+/// (None when absent or empty).
+pub(crate) fn tools_text(tools: Option<&serde_json::Value>) -> Option<String> {
+    tools
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        .map(|t| t.to_string())
+}
+
+/// The prompt tokens of a chain (its last step's).
+pub(crate) fn chain_tokens(chain: &[Step]) -> u32 {
+    chain.last().map_or(0, |s| s.tokens)
 }
 
 /// Chain of a raw prompt (`system` first, if any): blocks of [`RAW_BLOCK_CHARS`] chars, with
@@ -201,6 +224,30 @@ mod tests {
         );
         c.forget_model(0);
         assert_eq!(c.lookup(0, &turn2), 0);
+    }
+
+    /// Tools go after the leading system messages, before the first other one, as chat
+    /// templates render them: two requests with the same system prompt and tools share both,
+    /// and the tools count in the prompt.
+    #[test]
+    fn tools_follow_the_system_messages_and_count() {
+        let msgs = |q: &str| {
+            vec![
+                ("system".to_string(), "be brief".to_string()),
+                ("user".to_string(), q.to_string()),
+            ]
+        };
+        let tools = "[{\"name\":\"read_file\"}]";
+        let a = message_chain("m", None, &msgs("fix it"), Some(tools));
+        let b = message_chain("m", None, &msgs("why?"), Some(tools));
+        let bare = message_chain("m", None, &msgs("fix it"), None);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a[..2], b[..2], "system and tools shared");
+        assert_eq!(a[0], bare[0]);
+        assert_eq!(chain_tokens(&a), chain_tokens(&bare) + est_tokens(tools));
+        let mut c = PrefixCache::new(4);
+        c.insert(0, a);
+        assert_eq!(c.lookup(0, &b), b[1].tokens);
     }
 
     #[test]
