@@ -16,7 +16,8 @@
 //!   is never estimated bigger than that one really was.
 //!
 //! Whole and lower-bound samples: a count next to a reported cache count (OpenAI
-//! `cached_tokens`, Ollama `prompt_eval_cached_count`) is the whole prompt. Without one it may
+//! `cached_tokens`, Ollama `prompt_eval_cached_count`, Anthropic `cache_read_input_tokens`
+//! added to its `input_tokens`: `proxy::observe`) is the whole prompt. Without one it may
 //! be only what the node prefilled: Ollama's `prompt_eval_count` (native and `/v1`) left the
 //! cached tokens out before 0.30 and omits them in some versions still. A conversation's
 //! later turns, whose history the node holds, then report a few hundred tokens for thousands
@@ -355,12 +356,13 @@ mod tests {
         }
         let saved = before.samples();
         assert_eq!(saved["m"].len(), WINDOW);
-        let mut kept = vec![Sample {
+        // Last, where the window would keep it.
+        let mut kept = saved["m"].clone();
+        kept.push(Sample {
             chars: f64::NAN,
             tokens: 1.0,
             whole: true,
-        }];
-        kept.extend(saved["m"].iter().copied());
+        });
         let after = Calibration::default();
         after.restore("m", &kept, 4.0);
         for chars in [500, 1_500, 5_000] {
@@ -371,7 +373,7 @@ mod tests {
         }
         after.restore("m", &[], 4.0);
         assert_eq!(after.samples()["m"].len(), WINDOW, "its own kept");
-        after.restore("n", &kept[..1], 4.0);
+        after.restore("n", &kept[WINDOW..], 4.0);
         assert_eq!(
             after.text_tokens("n", 400, 4.0),
             100,

@@ -34,6 +34,8 @@ struct Entry {
 pub const SHARED_NODES: usize = 4;
 /// Prompts back a node's cache is taken to reach before anything is learned of it.
 pub const INITIAL_REACH: u64 = 8;
+/// The most a reach is taken to be (a node's counts wrap no sooner).
+pub const MAX_REACH: u64 = 1 << 32;
 
 /// The last nodes that served a system prompt (node, ms, the node's prompt count then), the
 /// most recent first.
@@ -201,9 +203,9 @@ impl PrefixMemory {
         let mut caches = self.caches.lock();
         let n = caches.entry((node, hash)).or_default();
         n.reach = if hit {
-            n.reach.max(since + 1)
+            n.reach.max(since.saturating_add(1)).min(MAX_REACH)
         } else if since < n.reach {
-            ((n.reach + since) / 2).max(1)
+            (since + (n.reach - since) / 2).max(1)
         } else {
             n.reach
         };
@@ -228,10 +230,10 @@ impl PrefixMemory {
             .collect()
     }
 
-    /// Take back a reach learned before a restart (`rates.json`), at least 1.
+    /// Take back a reach learned before a restart (`rates.json`), within 1..=[`MAX_REACH`].
     pub fn restore_reach(&self, node: usize, model: &str, reach: u64) {
         let hash = self.named(model);
-        self.caches.lock().entry((node, hash)).or_default().reach = reach.max(1);
+        self.caches.lock().entry((node, hash)).or_default().reach = reach.clamp(1, MAX_REACH);
     }
 
     /// `model`'s hash, its name remembered.

@@ -359,11 +359,35 @@ pub struct RatesStore {
     pub own_seat_bounds: BTreeMap<String, super::SeatBound>,
     /// Per pair, how many prompts back its prefix cache was learned to reach, where it is
     /// not [`super::prefix::INITIAL_REACH`].
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "lenient"
+    )]
     pub prefix_reach: BTreeMap<String, u64>,
     /// Per model, the prompt-token calibration's samples (`fleet::calibrate`), oldest first.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "lenient"
+    )]
     pub calibration: BTreeMap<String, Vec<super::calibrate::Sample>>,
+}
+
+/// A map whose entries that do not read as `V` are skipped (a hand-edited or older file loses
+/// those, not every rate learned).
+fn lenient<'de, D, V>(d: D) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: serde::de::DeserializeOwned,
+{
+    let serde_json::Value::Object(raw) = serde_json::Value::deserialize(d)? else {
+        return Ok(BTreeMap::new());
+    };
+    Ok(raw
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, serde_json::from_value(v).ok()?)))
+        .collect())
 }
 
 impl RatesStore {
@@ -786,6 +810,23 @@ mod tests {
         let r = p.rates();
         assert!(within(r.load_s.unwrap(), 12.0, 0.02), "{r:?}");
         assert_eq!(r.prefill_tps, before);
+    }
+
+    /// A state file whose calibration or cache reach holds something that does not read (a
+    /// hand edit, another version) loses those entries, not the rates beside them.
+    #[test]
+    fn unreadable_calibration_and_reach_entries_are_skipped() {
+        let text = r#"{"version":1,"pairs":{},
+            "prefix_reach":{"a/m":12,"a/n":-3,"b/m":"far"},
+            "calibration":{"m":[{"chars":400.0,"tokens":100.0,"whole":true}],"n":[{"chars":"x"}]}}"#;
+        let store: RatesStore = serde_json::from_str(text).expect("the file reads");
+        assert_eq!(store.prefix_reach.len(), 1);
+        assert_eq!(store.prefix_reach["a/m"], 12);
+        assert_eq!(store.calibration.len(), 1);
+        assert_eq!(store.calibration["m"].len(), 1);
+        let odd: RatesStore =
+            serde_json::from_str(r#"{"version":1,"pairs":{},"calibration":5}"#).expect("reads");
+        assert!(odd.calibration.is_empty());
     }
 
     #[test]

@@ -31,7 +31,31 @@ pub(super) fn chars(s: &str) -> usize {
 
 /// Characters of `v` serialized as compact JSON.
 pub(super) fn json_chars<T: serde::Serialize + ?Sized>(v: &T) -> usize {
-    serde_json::to_string(v).map_or(0, |s| chars(&s))
+    let mut count = JsonText::default();
+    serde_json::to_writer(&mut count, v).map_or(0, |()| count.chars)
+}
+
+/// A sink for serialized JSON that counts its characters and feeds its bytes to `hasher`, if
+/// any: sizing and hashing a large value (a tools list) without building its text.
+#[derive(Default)]
+pub(super) struct JsonText<'h> {
+    pub chars: usize,
+    pub hasher: Option<&'h mut xxhash_rust::xxh3::Xxh3>,
+}
+
+impl std::io::Write for JsonText<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // Every byte but a UTF-8 continuation byte starts a character.
+        self.chars += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count();
+        if let Some(h) = self.hasher.as_deref_mut() {
+            h.update(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A model name with a control character (a newline, NUL, ESC ...) names nothing a node has;

@@ -3,8 +3,11 @@
 //!
 //! Chats (OpenAI chat, Ollama chat, Anthropic messages, Responses with an item list): the
 //! system / developer messages (Anthropic and Ollama `system` fields too), the tools declared
-//! (`tools`: chat templates render them beside the system prompt, ahead of the first message,
-//! and an agent sends the same ones with every request) and the first user message. Raw completions (OpenAI completions, Ollama generate, Responses with a string): the
+//! (`tools`, OpenAI's older `functions`) and the first user message. The system part alone
+//! is what other conversations may share; a first turn's includes its tools: chat templates
+//! render them ahead of a lone question (Qwen and Hermes in the system block, Llama 3 at the
+//! head of the user message, Mistral before it), and an agent sends the same ones every time.
+//! A later turn's does not: Llama 3 and Mistral move them to the last user message. Raw completions (OpenAI completions, Ollama generate, Responses with a string): the
 //! `system` field and the prompt's leading block, its first [`LEADING_BLOCK_CHARS`] characters
 //! (a shorter prompt is its own leading block). Embeddings and token-id prompts: none. The hash
 //! is a fixed function (XXH3-64, seed 0: a published algorithm, so every replica and version
@@ -14,7 +17,7 @@
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::fields::{get, Obj};
+use super::fields::{get, JsonText, Obj};
 use super::Endpoint;
 
 /// Characters of a raw prompt that make its leading block.
@@ -77,14 +80,31 @@ impl Acc<'_> {
         self.hasher.update(&[0]);
     }
 
-    /// The system part ends here (the tools declared are its last): what was hashed so far
-    /// is it.
+    /// The system part ends here: what was hashed so far is it, and the tools declared, which
+    /// join it on a first turn only (`continues` set before; module doc). The conversation's
+    /// own hash takes them either way.
     fn end_system(&mut self) {
+        let alone = (self.hasher.digest(), self.chars);
         if let Some(tools) = self.tools.take() {
-            self.part("tools", tools);
+            // Hashed and counted as serialized, without building the text (a coding agent's
+            // tools run to tens of KB).
+            self.hasher.update(b"tools\0");
+            let mut text = JsonText {
+                chars: 0,
+                hasher: Some(&mut self.hasher),
+            };
+            if serde_json::to_writer(&mut text, tools).is_ok() {
+                self.chars += text.chars;
+            }
+            self.hasher.update(&[0]);
         }
-        if self.chars > 0 {
-            self.system = (self.hasher.digest(), self.chars);
+        let system = if self.continues {
+            alone
+        } else {
+            (self.hasher.digest(), self.chars)
+        };
+        if system.1 > 0 {
+            self.system = system;
         }
     }
 
@@ -101,8 +121,16 @@ impl Acc<'_> {
 
 /// The stable prefix of a parsed body for `ep`; None when it has none.
 pub fn stable_prefix(ep: Endpoint, obj: &Obj) -> Option<Prefix> {
+    let declared = |key| get(obj, key).filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+    let tools = match ep {
+        Endpoint::OpenAIChat => declared("tools").or_else(|| declared("functions")),
+        Endpoint::OllamaChat | Endpoint::AnthropicMessages | Endpoint::OpenAIResponses => {
+            declared("tools")
+        }
+        _ => None,
+    };
     let mut acc = Acc {
-        tools: get(obj, "tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty())),
+        tools,
         hasher: Xxh3::new(),
         chars: 0,
         continues: false,
@@ -141,9 +169,9 @@ fn leading(acc: &mut Acc, s: &str) -> bool {
     if s.is_empty() {
         return false;
     }
-    acc.end_system();
     let block: String = s.chars().take(LEADING_BLOCK_CHARS).collect();
     acc.continues = block.len() < s.len();
+    acc.end_system();
     acc.part("prompt", &Value::String(block));
     true
 }
@@ -158,9 +186,9 @@ fn messages(acc: &mut Acc, v: &Value) -> bool {
         match role {
             "system" | "developer" => acc.part("system", content),
             "user" => {
+                acc.continues = i + 1 < list.len();
                 acc.end_system();
                 acc.part("user", content);
-                acc.continues = i + 1 < list.len();
                 return true;
             }
             _ => return false,
@@ -239,11 +267,13 @@ mod tests {
         assert_ne!(longer.system_hash, a.system_hash);
     }
 
-    /// An agent's requests declare the same tools, which templates render beside the system
-    /// prompt: they are part of what other conversations share, with or without a system
-    /// message, and tools of another agent are another prefix.
+    /// An agent's requests declare the same tools, which templates render ahead of a first
+    /// turn's question: they are part of what other conversations share, with or without a
+    /// system message, and tools of another agent are another prefix. A later turn shares its
+    /// system messages alone (templates may move the tools to its last message), and keeps
+    /// its conversation's hash.
     #[test]
-    fn the_tools_declared_are_part_of_the_system_part() {
+    fn the_tools_declared_are_part_of_a_first_turns_system_part() {
         let tools = json!([{"type":"function","function":{"name":"read_file",
             "parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}]);
         let ask = |tools: &Value, q: &str| {
@@ -261,10 +291,37 @@ mod tests {
             0,
             "none declared"
         );
-        let with_system = json!({"model":"m","tools":tools,"system":"be brief",
+        let functions = json!({"model":"m","functions":tools,
             "messages":[{"role":"user","content":"fix the build"}]});
-        let s = prefix(Endpoint::AnthropicMessages, with_system).expect("prefix");
-        assert_eq!(s.system_chars, "be brief".len() + tools.to_string().len());
+        let f = prefix(Endpoint::OpenAIChat, functions).expect("prefix");
+        assert_eq!(f.system_chars, a.system_chars, "OpenAI's older name");
+        let generate = json!({"model":"m","tools":tools,"prompt":"fix the build"});
+        let g = prefix(Endpoint::OllamaGenerate, generate).expect("prefix");
+        assert_eq!(
+            g.system_chars, 0,
+            "not read where the prompt does not count them"
+        );
+
+        let turn = |messages: Value| {
+            let v = json!({"model":"m","tools":tools,"system":"be brief","messages":messages});
+            prefix(Endpoint::AnthropicMessages, v).expect("prefix")
+        };
+        let first = turn(json!([{"role":"user","content":"fix the build"}]));
+        let later = turn(json!([{"role":"user","content":"fix the build"},
+            {"role":"assistant","content":"done"},{"role":"user","content":"and the tests?"}]));
+        assert_eq!(
+            first.system_chars,
+            "be brief".len() + tools.to_string().len()
+        );
+        assert_eq!(later.system_chars, "be brief".len());
+        assert_eq!(first.hash, later.hash, "one conversation");
+        let bare = json!({"model":"m","system":"be brief",
+            "messages":[{"role":"user","content":"something else"}]});
+        let bare = prefix(Endpoint::AnthropicMessages, bare).expect("prefix");
+        assert_eq!(
+            later.system_hash, bare.system_hash,
+            "the system prompt alone"
+        );
     }
 
     #[test]

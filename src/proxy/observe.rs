@@ -136,17 +136,22 @@ impl StreamObserver {
         };
         let u32_of = |v: Option<u64>| v.and_then(|n| u32::try_from(n).ok());
         // Anthropic's `input_tokens` leaves out what was read from or written to its cache:
-        // the whole prompt is the three, the cache read beside it.
+        // the whole prompt is the three, the cache read beside it (0 when only a write is
+        // said, as servers that leave zero fields out send it).
         let anthropic = find(&[Key::PromptTokens, Key::PromptEvalCount]).is_none();
-        let cache_read = find(&[Key::CacheReadInputTokens]).filter(|_| anthropic);
+        let (read, written) = (
+            find(&[Key::CacheReadInputTokens]),
+            find(&[Key::CacheCreationInputTokens]),
+        );
+        let cache_read =
+            (anthropic && (read.is_some() || written.is_some())).then(|| read.unwrap_or(0));
         let prompt = match (
             find(&[Key::PromptTokens, Key::PromptEvalCount, Key::InputTokens]),
             cache_read,
         ) {
-            (Some(input), Some(read)) => {
-                let created = find(&[Key::CacheCreationInputTokens]).unwrap_or(0);
-                input.checked_add(read).and_then(|n| n.checked_add(created))
-            }
+            (Some(input), Some(read)) => input
+                .checked_add(read)
+                .and_then(|n| n.checked_add(written.unwrap_or(0))),
             (prompt, _) => prompt,
         };
         let o = Observed {
@@ -420,6 +425,13 @@ mod tests {
         assert_eq!(o.cached_of_whole(), Some(2300));
         let plain = observe(&[r#"{"usage":{"input_tokens":40,"output_tokens":7}}"#]);
         assert_eq!((plain.prompt_tokens, plain.cached_tokens), (Some(40), None));
+        let written = observe(&[
+            r#"{"usage":{"input_tokens":40,"cache_creation_input_tokens":2300,"output_tokens":7}}"#,
+        ]);
+        assert_eq!(
+            (written.prompt_tokens, written.cached_tokens),
+            (Some(2340), Some(0))
+        );
         let proxied = observe(&[
             r#"{"usage":{"prompt_tokens":2350,"completion_tokens":7,"cache_read_input_tokens":2300,"prompt_tokens_details":{"cached_tokens":2300}}}"#,
         ]);

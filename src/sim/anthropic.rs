@@ -75,11 +75,13 @@ struct AnFramer {
 }
 
 impl Framer for AnFramer {
-    fn head(&mut self) -> String {
+    fn head(&mut self, cached: u32) -> String {
+        // As Anthropic counts: `input_tokens` without what the cache read.
         let start = json!({"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "content": [],
             "model": self.model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 1}}});
+            "usage": {"input_tokens": self.prompt_tokens.saturating_sub(cached),
+                "cache_read_input_tokens": cached, "output_tokens": 1}}});
         let block = json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
         let mut out = event("message_start", &start);
         out.push_str(&event("content_block_start", &block));

@@ -309,6 +309,11 @@ impl Generation {
         &self.ctl
     }
 
+    /// Prompt tokens read from the prefix cache.
+    pub fn cached_tokens(&self) -> u32 {
+        self.cached_tokens
+    }
+
     /// Time of one token now: `tokens_per_sec` times the model's `speed`, slowed by the
     /// requests decoding alongside (`decode_contention`) and by the run-time slowdown.
     fn per_token(&self) -> Duration {

@@ -181,7 +181,7 @@ fn sse(v: &Value) -> String {
 }
 
 impl Framer for OaFramer {
-    fn head(&mut self) -> String {
+    fn head(&mut self, _cached: u32) -> String {
         if self.chat {
             sse(&self.chunk(self.choice(None, None, true)))
         } else {

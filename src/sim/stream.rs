@@ -9,8 +9,9 @@ use std::io;
 
 /// Protocol-specific framing of a token stream.
 pub(crate) trait Framer: Send + 'static {
-    /// Text sent before the first token, in the same chunk (e.g. role chunk, message_start).
-    fn head(&mut self) -> String {
+    /// Text sent before the first token, in the same chunk (e.g. role chunk, message_start);
+    /// `cached`: the prompt tokens the prefix cache held.
+    fn head(&mut self, _cached: u32) -> String {
         String::new()
     }
     fn token(&mut self, index: usize, text: &str) -> String;
@@ -41,7 +42,7 @@ pub(crate) fn body<F: Framer>(
     futures::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
         if st.index == 0 {
-            let mut out = st.framer.head();
+            let mut out = st.framer.head(st.gen.cached_tokens());
             return match st.gen.next_token().await {
                 Some(t) => {
                     out.push_str(&st.framer.token(0, &t));
