@@ -200,12 +200,15 @@ async fn send(
     (client, kind): (&reqwest::Client, Client),
     router: &Router,
     model: &str,
-    messages: &[Value],
+    (messages, tools): (&[Value], Option<&Value>),
     (tag, prompt_tokens, output): (String, u32, u32),
     chat: Option<(usize, u32)>,
     t0: Instant,
 ) -> (Outcome, String) {
-    let body = kind.body(model, messages, output);
+    let mut body = kind.body(model, messages, output);
+    if let Some(tools) = tools {
+        body["tools"] = tools.clone();
+    }
     let start = Instant::now();
     let mut o = Outcome {
         at: start - t0,
@@ -472,14 +475,22 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
                 tokio::time::sleep_until((t0 + s.at).into()).await;
                 let tag = format!("s{i}");
                 let mut msgs = Vec::with_capacity(2);
+                let mut tools = None;
                 let mut prompt = s.prompt_tokens;
                 if let Some((g, tokens)) = s.system {
-                    msgs.push(json!({"role": "system", "content": text(&format!("g{g} system"), tokens.saturating_sub(4))}));
+                    let shared = text(&format!("g{g} system"), tokens.saturating_sub(4));
+                    if s.as_tools {
+                        // One function (the sim counts the JSON text; ~15 tokens of it are not
+                        // the description's).
+                        tools = Some(json!([{"type": "function", "function": {"name": format!("g{g}"), "description": shared}}]));
+                    } else {
+                        msgs.push(json!({"role": "system", "content": shared}));
+                    }
                     prompt += tokens;
                 }
                 msgs.push(json!({"role": "user", "content": text(&tag, s.prompt_tokens.saturating_sub(4))}));
                 let what = (tag, prompt, s.output);
-                vec![send((&client, kind), &router, &s.model, &msgs, what, None, t0).await.0]
+                vec![send((&client, kind), &router, &s.model, (&msgs, tools.as_ref()), what, None, t0).await.0]
             }));
         }
         for (c, chat) in trace.chats.iter().enumerate() {
@@ -498,7 +509,7 @@ pub fn run(rt: &Runtime, sc: &Scenario, trace: &Trace, policy: Policy, kind: Cli
                     let what = (tag, prompt, *output);
                     let held = Some((c, prev));
                     prev = prompt;
-                    let (o, reply) = send((&client, kind), &router, &chat.model, &msgs, what, held, t0).await;
+                    let (o, reply) = send((&client, kind), &router, &chat.model, (&msgs, None), what, held, t0).await;
                     out.push(o);
                     let reply_tokens = sim_tokens(&reply);
                     msgs.push(json!({"role": "assistant", "content": reply}));

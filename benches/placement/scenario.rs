@@ -58,6 +58,10 @@ pub struct Class {
 pub struct SharedSystem {
     pub prompts: u32,
     pub tokens: u32,
+    /// Sent as the `tools` an agent declares (one function whose description is the text)
+    /// instead of a system message.
+    #[serde(default)]
+    pub as_tools: bool,
 }
 
 fn one() -> f64 {

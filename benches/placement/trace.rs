@@ -18,6 +18,8 @@ pub struct Shot {
     pub output: u32,
     /// The shared system prompt drawn (its index in the class and its tokens).
     pub system: Option<(u32, u32)>,
+    /// The shared part is sent as tools, not as a system message.
+    pub as_tools: bool,
 }
 
 /// One conversation: when it starts, its turns' sizes and pauses.
@@ -70,6 +72,7 @@ fn shot(rng: &mut SmallRng, at: Duration, c: &Class) -> Shot {
         system: c
             .system
             .map(|sys| (rng.gen_range(0..sys.prompts.max(1)), sys.tokens)),
+        as_tools: c.system.is_some_and(|sys| sys.as_tools),
     }
 }
 
