@@ -226,6 +226,9 @@ pub struct Fleet {
     /// (node id, model) pairs the gateway unloaded to make room for a request's cold load:
     /// completion mode reads one back once that pays (`services::prewarm`).
     pub evicted: Mutex<std::collections::HashSet<(String, String)>>,
+    /// What `rates.json` held of nodes not registered (yet): kept for when they join by
+    /// heartbeat, and in every save until then.
+    unplaced: Mutex<RatesStore>,
 }
 
 impl Fleet {
@@ -251,6 +254,7 @@ impl Fleet {
             clients: Arc::default(),
             watching_since_ms: now_ms(),
             evicted: Mutex::default(),
+            unplaced: Mutex::default(),
         };
         fleet.publish();
         Arc::new(fleet)
@@ -337,6 +341,7 @@ impl Fleet {
             return i;
         }
         crate::metrics::register_nodes([cfg.id.as_str()]);
+        let id = cfg.id.clone();
         let cfg = Arc::new(cfg);
         let mut nodes = Vec::clone(&self.nodes.load());
         nodes.push(Arc::new(new_state(&cfg)));
@@ -345,6 +350,7 @@ impl Fleet {
         // Nodes first: a reader that sees the new config always finds its state.
         self.nodes.store(Arc::new(nodes));
         self.configs.store(Arc::new(configs));
+        self.restore_registered(&id);
         self.publish();
         self.len() - 1
     }
@@ -782,6 +788,60 @@ mod tests {
         assert!(second.load_rates().is_ok());
         assert_eq!(second.calibration.text_tokens("m", 6_000, default), learned);
         assert_eq!(second.prefixes.reach(0, "m"), 21);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What was learned of a node that joined by heartbeat (not in the config file) waits for
+    /// it after a restart: saves keep it meanwhile, and it is the node's again once it
+    /// registers.
+    #[test]
+    fn what_was_learned_of_a_registered_node_waits_for_it_after_a_restart() {
+        let dir = std::env::temp_dir().join(format!("fleetgate-joined-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let yaml = format!(
+            "learning:\n  state_dir: {}\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n",
+            dir.display()
+        );
+        let start = || Fleet::new(Arc::new(crate::config::Config::from_yaml(&yaml).unwrap()));
+        let joined = || {
+            crate::config::NodeConfig::dynamic(
+                "b",
+                "http://127.0.0.1:10",
+                crate::config::Backend::Ollama,
+                None,
+                None,
+                512,
+            )
+            .unwrap()
+        };
+        let first = start();
+        let b = first.register(joined());
+        first
+            .node(b)
+            .counters("m")
+            .rates
+            .lock()
+            .observe(&rates::Observation {
+                now_ms: 1_000,
+                prompt_tokens: 500,
+                output_tokens: Some(100),
+                ttft_s: Some(0.1),
+                service_s: 1.1,
+                concurrency: 1,
+                ..rates::Observation::default()
+            });
+        first.prefixes.cache_seen(b, "m", 20, true);
+        assert!(first.save_rates(&dir).is_ok());
+
+        let second = start();
+        assert!(second.load_rates().is_ok());
+        // Saved again before the node is back: still there.
+        assert!(second.save_rates(&dir).is_ok());
+        let third = start();
+        assert!(third.load_rates().is_ok());
+        let b = third.register(joined());
+        assert_eq!(third.node(b).counters("m").rates.lock().rates().observed, 1);
+        assert_eq!(third.prefixes.reach(b, "m"), 21);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -395,6 +395,44 @@ impl RatesStore {
         format!("{node}/{model}")
     }
 
+    /// Take out everything saved of node `id` (its seats, and its pairs `id/<model>`).
+    pub fn take_node(&mut self, id: &str) -> RatesStore {
+        fn take<V>(
+            map: &mut BTreeMap<String, V>,
+            mine: impl Fn(&str) -> bool,
+        ) -> BTreeMap<String, V> {
+            let keys: Vec<String> = map.keys().filter(|k| mine(k)).cloned().collect();
+            keys.into_iter()
+                .filter_map(|k| map.remove_entry(&k))
+                .collect()
+        }
+        let pair = |k: &str| k.split_once('/').is_some_and(|(node, _)| node == id);
+        RatesStore {
+            version: self.version,
+            pairs: take(&mut self.pairs, pair),
+            seats: take(&mut self.seats, |k| k == id),
+            seat_bounds: take(&mut self.seat_bounds, |k| k == id),
+            own_seat_bounds: take(&mut self.own_seat_bounds, pair),
+            prefix_reach: take(&mut self.prefix_reach, pair),
+            calibration: BTreeMap::new(),
+        }
+    }
+
+    /// Add what `other` holds that this store does not.
+    pub fn keep_from(&mut self, other: &RatesStore) {
+        fn add<V: Clone>(map: &mut BTreeMap<String, V>, from: &BTreeMap<String, V>) {
+            for (k, v) in from {
+                map.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        add(&mut self.pairs, &other.pairs);
+        add(&mut self.seats, &other.seats);
+        add(&mut self.seat_bounds, &other.seat_bounds);
+        add(&mut self.own_seat_bounds, &other.own_seat_bounds);
+        add(&mut self.prefix_reach, &other.prefix_reach);
+        add(&mut self.calibration, &other.calibration);
+    }
+
     /// Read the state file; a missing file is an empty store.
     pub fn load(dir: &Path) -> Result<RatesStore, super::StoreError> {
         let path = dir.join(STATE_FILE);

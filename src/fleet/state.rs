@@ -229,6 +229,7 @@ impl Fleet {
             }
         }
         store.calibration = self.calibration.samples();
+        store.keep_from(&self.unplaced.lock());
         store
     }
 
@@ -248,14 +249,46 @@ impl Fleet {
         Ok(store.pairs.len())
     }
 
-    /// Restore learned rates from `learning.state_dir` (pairs of nodes no longer configured
-    /// are skipped).
+    /// Restore learned rates from `learning.state_dir`. What was saved of nodes not in the
+    /// config is kept aside: a node that joins by heartbeat gets its own back when it registers
+    /// ([`Fleet::restore_registered`]), and saves keep it meanwhile.
     pub fn load_rates(&self) -> Result<usize, super::StoreError> {
         let Some(dir) = self.config().learning.state_dir.clone() else {
             return Ok(0);
         };
-        let store = super::RatesStore::load(&dir)?;
+        let mut store = super::RatesStore::load(&dir)?;
+        let default = self.config().routing.chars_per_token;
+        for (model, samples) in std::mem::take(&mut store.calibration) {
+            self.calibration.restore(&model, &samples, default);
+        }
         let mut n = 0;
+        for id in self.configs.load().iter().map(|c| c.id.clone()) {
+            n += self.apply_rates(store.take_node(&id));
+        }
+        *self.unplaced.lock() = store;
+        Ok(n)
+    }
+
+    /// Node `id` just registered: give it what was saved of it before a restart.
+    pub(super) fn restore_registered(&self, id: &str) {
+        let mine = self.unplaced.lock().take_node(id);
+        self.apply_rates(mine);
+    }
+
+    /// Apply a store's per-node entries (of nodes known now); returns the pairs restored.
+    fn apply_rates(&self, store: super::RatesStore) -> usize {
+        // A `node/model` key of a node known now: its index and the model.
+        let pair = |key: &str| -> Option<(usize, String)> {
+            let (id, model) = key.split_once('/')?;
+            Some((self.index_of(id)?, model.to_string()))
+        };
+        let mut n = 0;
+        for (key, rates) in store.pairs {
+            if let Some((i, model)) = pair(&key) {
+                *self.node(i).counters(&model).rates.lock() = rates;
+                n += 1;
+            }
+        }
         for (id, sharing) in store.seats {
             if let Some(i) = self.index_of(&id) {
                 *self.node(i).seat_sharing.lock() = sharing;
@@ -264,17 +297,6 @@ impl Fleet {
         for (id, bound) in store.seat_bounds {
             if let Some(i) = self.index_of(&id) {
                 *self.node(i).seat_bound.lock() = bound;
-            }
-        }
-        // A `node/model` key of a node still configured: its index and the model.
-        let pair = |key: &str| -> Option<(usize, String)> {
-            let (id, model) = key.split_once('/')?;
-            Some((self.index_of(id)?, model.to_string()))
-        };
-        for (key, rates) in store.pairs {
-            if let Some((i, model)) = pair(&key) {
-                *self.node(i).counters(&model).rates.lock() = rates;
-                n += 1;
             }
         }
         for (key, bound) in store.own_seat_bounds {
@@ -287,10 +309,6 @@ impl Fleet {
                 self.prefixes.restore_reach(i, &model, reach);
             }
         }
-        let default = self.config().routing.chars_per_token;
-        for (model, samples) in store.calibration {
-            self.calibration.restore(&model, &samples, default);
-        }
-        Ok(n)
+        n
     }
 }
