@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
+use super::statefile::StoreError;
 use serde::{Deserialize, Serialize};
 
 use crate::routing::Learning;
@@ -209,63 +210,19 @@ pub struct LearnerStore {
     pub nodes: BTreeMap<String, Learner>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path}: not a capacity state file: {source}")]
-    Format {
-        path: String,
-        source: serde_json::Error,
-    },
-}
-
 impl LearnerStore {
     /// Read the state file; a missing file is an empty store.
     pub fn load(dir: &Path) -> Result<LearnerStore, StoreError> {
-        let path = dir.join(STATE_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(LearnerStore::default())
-            }
-            Err(source) => {
-                return Err(StoreError::Io {
-                    path: path.display().to_string(),
-                    source,
-                })
-            }
-        };
-        serde_json::from_str(&text).map_err(|source| StoreError::Format {
-            path: path.display().to_string(),
-            source,
-        })
+        super::statefile::read(dir, STATE_FILE)
     }
 
-    /// Write atomically: a temporary file in the same directory, fsync, rename over the old.
+    /// Write atomically.
     pub fn save(&self, dir: &Path) -> Result<(), StoreError> {
-        let path = dir.join(STATE_FILE);
-        let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-        let io = |source| StoreError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let text = serde_json::to_vec(&LearnerStore {
+        let store = LearnerStore {
             version: 1,
             nodes: self.nodes.clone(),
-        })
-        .map_err(|e| io(std::io::Error::other(e)))?;
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(io)?;
-            f.write_all(&text).map_err(io)?;
-            f.sync_all().map_err(io)?;
-        }
-        std::fs::rename(&tmp, &path).map_err(io)
+        };
+        super::statefile::write(dir, STATE_FILE, &store)
     }
 }
 

@@ -18,6 +18,7 @@ pub mod recent;
 mod reload;
 mod sharing;
 mod state;
+mod statefile;
 mod view;
 
 use std::collections::HashMap;
@@ -32,7 +33,8 @@ pub use breaker::{Breaker, BreakerPolicy, BreakerState, Outcome};
 pub use calibrate::Calibration;
 pub use counters::{is_stall, ModelCounters, Progress, END_UNKNOWN};
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
-pub use learning::{Learner, LearnerStore, Sample, StoreError};
+pub use learning::{Learner, LearnerStore, Sample};
+pub use statefile::StoreError;
 pub use live::{LiveModel, NodeLive, PollReport};
 pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};

@@ -435,37 +435,12 @@ impl RatesStore {
 
     /// Read the state file; a missing file is an empty store.
     pub fn load(dir: &Path) -> Result<RatesStore, super::StoreError> {
-        let path = dir.join(STATE_FILE);
-        let shown = || path.display().to_string();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|source| super::StoreError::Format {
-                path: shown(),
-                source,
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RatesStore::default()),
-            Err(source) => Err(super::StoreError::Io {
-                path: shown(),
-                source,
-            }),
-        }
+        super::statefile::read(dir, STATE_FILE)
     }
 
-    /// Write atomically: a temporary file in the same directory, fsync, rename over the old.
+    /// Write atomically.
     pub fn save(&self, dir: &Path) -> Result<(), super::StoreError> {
-        use std::io::Write;
-        let path = dir.join(STATE_FILE);
-        let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-        let io = |source| super::StoreError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let text = serde_json::to_vec(self).map_err(|e| io(std::io::Error::other(e)))?;
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&text).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(io)
+        super::statefile::write(dir, STATE_FILE, self)
     }
 }
 
