@@ -88,7 +88,11 @@ fn args() -> Args {
 }
 
 fn scenarios(only: &Option<Vec<String>>) -> Vec<Scenario> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/scenarios");
+    // `FLEETGATE_BENCH_SCENARIOS`: another directory of scenario files (generated fleets, a
+    // user's own).
+    let dir = std::env::var_os("FLEETGATE_BENCH_SCENARIOS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/scenarios"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
