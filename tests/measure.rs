@@ -419,3 +419,66 @@ fn an_answer_that_waited_for_a_load_teaches_nothing() {
         "asked once"
     );
 }
+
+/// A node that holds nothing in memory (nobody uses it) but has on disk a model the fleet is
+/// asked for is loaded with it in the background once a request for it comes, and timed, so
+/// routing learns it is the fast one: before, it was priced as the slow node that had been
+/// measured plus a load guessed from the model's size, and every request stayed on the slow
+/// node until its queue cost more than that guess. A node that holds another model is left
+/// alone (that model's answers time it).
+#[test]
+fn an_empty_node_with_the_model_on_disk_is_loaded_and_timed_once_the_model_is_asked_for() {
+    const SLOW: &str = "seats: 4\ntokens_per_sec: 40\nprefill_tokens_per_sec: 1000\nttft_ms: 5\nmemory_gb: 16\nreply_tokens: 40\nmodels:\n  - {name: mid:14b, size_gb: 9, loaded: true}\n";
+    const FAST: &str = "seats: 4\ntokens_per_sec: 400\nprefill_tokens_per_sec: 20000\nttft_ms: 5\nmemory_gb: 32\nreply_tokens: 40\nmodels:\n  - {name: mid:14b, size_gb: 9, cold_load_ms: 300}\n";
+    const BUSY: &str = "seats: 4\ntokens_per_sec: 400\nprefill_tokens_per_sec: 20000\nttft_ms: 5\nmemory_gb: 32\nreply_tokens: 40\nmodels:\n  - {name: small:3b, size_gb: 2, loaded: true}\n  - {name: mid:14b, size_gb: 9, cold_load_ms: 300}\n";
+    let rt = runtime();
+    let (slow, fast, other) = (sim(&rt, SLOW), sim(&rt, FAST), sim(&rt, BUSY));
+    let nodes = [
+        node("slow", &slow, "      capacity: 4\n      memory_gb: 16\n"),
+        node("fast", &fast, "      capacity: 4\n      memory_gb: 32\n"),
+        node("other", &other, "      capacity: 4\n      memory_gb: 32\n"),
+    ];
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  mode: completion\n  policy:\n    completion_measure: true\n{}",
+        fleet(&nodes)
+    ));
+    let mid = |text: &str| {
+        json!({"model": "mid:14b", "stream": true, "max_tokens": 40,
+            "messages": [{"role": "user", "content": text}]})
+    };
+    let send = |body: Value| {
+        let gw = &gw;
+        async move {
+            let r = client()
+                .post(gw.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(r.status(), 200);
+            let node = r.headers()["x-fleet-node"].to_str().unwrap().to_string();
+            r.text().await.unwrap();
+            node
+        }
+    };
+    rt.block_on(async {
+        eventually("the slow node measured", || async {
+            let r = explain(&gw, "/fleet/explain", &mid("which node?")).await;
+            row(&r, "slow").is_some_and(|x| x["observed"].as_u64() >= Some(1))
+        })
+        .await;
+        assert!(
+            fast.control().stats().loads.is_empty(),
+            "not loaded unasked"
+        );
+        assert_eq!(send(mid("first")).await, "slow", "the only node known");
+        eventually("the empty node loaded and timed", || async {
+            let r = explain(&gw, "/fleet/explain", &mid("which node?")).await;
+            row(&r, "fast").is_some_and(|x| x["observed"].as_u64() >= Some(1))
+        })
+        .await;
+        assert_eq!(send(mid("second")).await, "fast", "where it finishes first");
+    });
+    let loads = other.control().stats().loads;
+    assert!(loads.is_empty(), "a node holding another model: {loads:?}");
+}

@@ -34,7 +34,6 @@ pub use calibrate::Calibration;
 pub use counters::{is_stall, ModelCounters, Progress, END_UNKNOWN};
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample};
-pub use statefile::StoreError;
 pub use live::{LiveModel, NodeLive, PollReport};
 pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
@@ -42,6 +41,7 @@ pub use rates::{Observation, PairRates, RatesStore, FLOOR_TTFT_S};
 pub use reload::ReloadReport;
 pub use sharing::{SeatBound, SeatSharing};
 pub use state::Control;
+pub use statefile::StoreError;
 use view::{next_due, node_view, ViewParams};
 
 /// How often a node whose seats were learned is sent one request past them
@@ -231,6 +231,9 @@ pub struct Fleet {
     /// What `rates.json` held of nodes not registered (yet): kept for when they join by
     /// heartbeat, and in every save until then.
     unplaced: Mutex<RatesStore>,
+    /// (node, model) pairs loaded on an empty node to be timed (`services::prewarm::to_measure`):
+    /// once each per process.
+    pub measure_loads: Mutex<std::collections::HashSet<(usize, String)>>,
 }
 
 impl Fleet {
@@ -257,6 +260,7 @@ impl Fleet {
             watching_since_ms: now_ms(),
             evicted: Mutex::default(),
             unplaced: Mutex::default(),
+            measure_loads: Mutex::default(),
         };
         fleet.publish();
         Arc::new(fleet)

@@ -233,6 +233,7 @@ pub async fn place(
         if winner.is_some() && refusals < 3 {
             note(fleet, ep, req, &decision, &view);
             crate::services::prewarm::spare_room(fleet, &view, &req.models, &decision);
+            crate::services::prewarm::to_measure(fleet, &view, &req.models, &decision);
             let (w, lease) = match admit::pick(fleet, &decision, board.is_some(), &share) {
                 Pick::Ready(w, lease) => (w, lease),
                 // A breaker's trial was taken a moment ago: the new snapshot eliminates it.

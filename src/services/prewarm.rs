@@ -8,7 +8,8 @@
 //! the gateway unloaded to make room for another, once that one is idle and the first's users
 //! would lose more to its reload than the idle models that go for it (`restore`). And, called
 //! by placement for a request that is to wait for a seat, it loads the request's model where
-//! it fits in free memory and would serve it sooner (`spare_room`).
+//! it fits in free memory and would serve it sooner (`spare_room`); for any request, where a
+//! node nobody has seen answer it holds nothing, so that it can be timed (`to_measure`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -146,6 +147,72 @@ pub fn spare_room(
         winner.node_id, view.nodes[idx].id
     );
     start_load(fleet, idx, model, &why, Room::Free)
+}
+
+/// Completion mode with `completion_measure`: the request's model (the winner's) is loaded
+/// in the background on each node that could serve it and that nobody has seen answer it: a
+/// node the gateway manages, online, running nothing and holding nothing in memory (no one
+/// is using it), where the model fits in free memory. Once it is in memory the first
+/// measurement (`services::measure`) times the node, while requests keep going where they
+/// are priced best. Without it such a node is priced as the model's typical node plus a load
+/// priced from the model's size, so a fleet whose measured nodes were its slow ones kept
+/// every request on them until their queues cost more than that guess (a random fleet of the
+/// placement bench: three fast boxes with the model on disk left idle for its first 2.3 s,
+/// 35 requests at 4-15 s each on two slow ones). A node busy or holding another model is
+/// timed by that model's answers instead (its pace prices this one). Once per node and model
+/// per gateway process; true when a load started.
+pub fn to_measure(
+    fleet: &Arc<Fleet>,
+    view: &FleetView,
+    models: &[String],
+    decision: &Decision,
+) -> bool {
+    let policy = &fleet.config().routing.policy;
+    if policy.mode != Mode::Completion || !policy.completion_measure {
+        return false;
+    }
+    let Some(winner) = decision.winner() else {
+        return false;
+    };
+    let Some(pos) = models.iter().position(|m| *m == winner.model) else {
+        return false;
+    };
+    let model = &winner.model;
+    let mut started = false;
+    for row in decision.table.iter().filter(|row| row.model == pos) {
+        let idx = row.node;
+        let cold = matches!(row.verdict, Verdict::Predicted { prediction: p } if p.load_s > 0.0);
+        if !cold || idx == winner.node {
+            continue;
+        }
+        let Some(node) = view.nodes.get(idx) else {
+            continue;
+        };
+        let empty = node.models.iter().all(|m| !m.loaded)
+            && node.health == crate::routing::Health::Online
+            && fleet.node_in_flight(idx) == 0;
+        if !empty
+            || !node_api::can_manage(fleet, idx)
+            || fleet
+                .node(idx)
+                .counters(model)
+                .rates
+                .lock()
+                .rates()
+                .observed
+                > 0
+            || !crate::routing::fits_free(node, idx, model, &**fleet)
+            || !fleet.measure_loads.lock().insert((idx, model.clone()))
+        {
+            continue;
+        }
+        let why = format!(
+            "{model} is asked for and {} holds nothing: to time it",
+            node.id
+        );
+        started |= start_load(fleet, idx, model, &why, Room::Free);
+    }
+    started
 }
 
 /// Completion mode: read back in the models the gateway unloaded to make room for a cold
