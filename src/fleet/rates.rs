@@ -57,6 +57,8 @@ pub struct Observation {
     /// if the node prefills one prompt at a time.
     pub prefill_ahead_s: Option<f64>,
     pub output_tokens: Option<u32>,
+    /// The output tokens the request allowed, if it said: whether the answer ran into it.
+    pub max_output_tokens: Option<u32>,
     /// What the backend reports (Ollama `prompt_eval_duration`, `eval_duration`,
     /// `load_duration`), seconds.
     pub prompt_eval_s: Option<f64>,
@@ -127,6 +129,10 @@ pub struct PairRates {
     switch_load: Mean,
     service: Mean,
     output: Mean,
+    /// Of the answers to requests that set an output limit, the share that ran into it (1 or
+    /// 0 each, decayed): how much a request's own limit says of its answer's length.
+    #[serde(default)]
+    capped: Mean,
     /// Seconds between the last [`GAPS`] responses (at least the clock's millisecond), oldest
     /// first; their median is the pair's typical gap, so one long pause (a night, a restart)
     /// does not hide a model that is asked for again every few seconds.
@@ -173,6 +179,9 @@ impl PairRates {
             self.service.add(o.service_s, now);
             if let Some(out) = o.output_tokens {
                 self.output.add(f64::from(out), now);
+                if let Some(cap) = o.max_output_tokens.filter(|c| *c > 0) {
+                    self.capped.add_any(f64::from(u8::from(out >= cap)), now);
+                }
             }
         }
         let tokens = f64::from(o.prompt_tokens);
@@ -333,6 +342,7 @@ impl PairRates {
             switch_load_s: self.switch_load.get(),
             service_s: self.service.get(),
             output_tokens: self.output.get(),
+            capped_share: self.capped.get(),
             observed: self.observed,
             last_ms: self.last_ms,
             first_ms: self.first_ms,
@@ -840,6 +850,38 @@ mod tests {
         let odd: RatesStore =
             serde_json::from_str(r#"{"version":1,"pairs":{},"calibration":5}"#).expect("reads");
         assert!(odd.calibration.is_empty());
+    }
+
+    /// Of the answers to requests that set an output limit, the share that ran into it;
+    /// answers to requests without one, and the gateway's own measurements, say nothing of it.
+    #[test]
+    fn the_share_of_answers_that_ran_into_their_limit_is_learned() {
+        let answer = |at: u64, out: u32, cap: Option<u32>| Observation {
+            now_ms: at,
+            service_s: 1.0,
+            output_tokens: Some(out),
+            max_output_tokens: cap,
+            concurrency: 1,
+            ..Observation::default()
+        };
+        let mut p = PairRates::default();
+        p.observe(&answer(1_000, 50, None));
+        assert_eq!(p.rates().capped_share, None);
+        p.observe(&answer(1_001, 300, Some(300)));
+        assert_eq!(p.rates().capped_share, Some(1.0));
+        p.observe(&Observation {
+            measurement: true,
+            ..answer(1_002, 10, Some(16))
+        });
+        assert_eq!(
+            p.rates().capped_share,
+            Some(1.0),
+            "a measurement says nothing"
+        );
+        for t in 0..50 {
+            p.observe(&answer(2_000 + t, 120, Some(4_096)));
+        }
+        assert!(p.rates().capped_share.is_some_and(|s| s < 0.1));
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub struct LearnInput {
     pub shared_seen: Vec<(usize, u64)>,
     /// Requests in flight on the node when this one was sent (itself included).
     pub concurrency: u32,
+    /// The output tokens the request allowed (`max_tokens`, `num_predict` ...), if it said.
+    pub max_output_tokens: Option<u32>,
 }
 
 impl LearnInput {

@@ -231,6 +231,7 @@ fn dispatch_for(
             .node(placement.lease.node)
             .in_flight
             .load(std::sync::atomic::Ordering::Relaxed),
+        max_output_tokens: req.max_output_tokens,
     };
     let sent = if model != parsed.model {
         protocol::rewrite_model(&body, &model).unwrap_or_else(|| body.clone())

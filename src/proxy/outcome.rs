@@ -242,6 +242,7 @@ fn learn(
         prompt_tokens: if counted { evaluated.max(1) } else { 0 },
         prefill_ahead_s,
         output_tokens: observed.output_tokens(),
+        max_output_tokens: d.learn.max_output_tokens,
         prompt_eval_s: secs(observed.prompt_eval_duration_ns),
         eval_s: secs(observed.eval_duration_ns),
         load_s: secs(observed.load_duration_ns),

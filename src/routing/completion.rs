@@ -52,7 +52,9 @@
 //!
 //! `service` is the observed seat time of the pair, else this request's own prefill + decode;
 //! `output_tokens` the fleet's observed mean for the model (capped by `max_tokens`), else
-//! min(`max_tokens`, `wait_heuristic_output_tokens`). A rate the pair has not measured comes,
+//! min(`max_tokens`, `wait_heuristic_output_tokens`); with `max_tokens` set and answers seen
+//! to requests that set one, `share x max_tokens + (1 - share) x` that, `share` the part of
+//! those answers that ran into their limit (`Rates::capped_share`). A rate the pair has not measured comes,
 //! in order, from the node's config (`decode_tps`, `prefill_tps`), the mean of the pairs of the
 //! same model that measured it, then the priors: decode from model GB over memory bandwidth (a
 //! token reads every weight once), prefill `completion_prefill_per_decode` x decode tokens/s.
@@ -290,6 +292,9 @@ pub struct Peers {
     /// candidate is predicted with this one figure, so a node that happened to serve short
     /// answers does not look faster for it.
     pub output_tokens: Option<f64>,
+    /// Of the model's answers to requests that set an output limit, the share that ran into
+    /// it (weighted by responses, as `output_tokens`).
+    pub capped_share: Option<f64>,
     /// A never-observed pair of the model has a request in flight (set by the caller, which
     /// sees the loads): one probe per model at a time, fleet-wide (`held_back`, and no
     /// exploring discount for the others meanwhile).
@@ -331,6 +336,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
     let mut overhead = Mean::default();
     let mut idle_load = Mean::default();
     let (mut output_sum, mut output_n) = (0.0, 0.0);
+    let (mut capped_sum, mut capped_n) = (0.0, 0.0);
     let mut first_output: Option<f64> = None;
     let (mut shared, mut decided, mut pairs) = (0u32, 0u32, 0u32);
     let mut since_ms: Option<u64> = None;
@@ -363,6 +369,10 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
             output_sum += o * f64::from(r.observed);
             output_n += f64::from(r.observed);
         }
+        if let Some(c) = r.capped_share.filter(|c| c.is_finite()) {
+            capped_sum += c.clamp(0.0, 1.0) * f64::from(r.observed);
+            capped_n += f64::from(r.observed);
+        }
         if let (Some(b), Some(a)) = (r.decode_spt_per_stream, positive(r.decode_spt)) {
             // A measured zero counts (a node that batches for free).
             contention.add_any(b.max(0.0) / a);
@@ -387,6 +397,7 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
         },
         contention: contention.get(),
         output_tokens: (output_n > 0.0).then(|| output_sum / output_n),
+        capped_share: (capped_n > 0.0).then(|| capped_sum / capped_n),
         probing: false,
         pairs,
         idle_load_s: idle_load.get(),
@@ -608,9 +619,24 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .unwrap_or(p.completion_prefill_per_decode / spt1);
     let cap = x.req.max_output_tokens.map_or(f64::INFINITY, f64::from);
     let learned_output = x.peer.and_then(|p| p.output_tokens).or(r.output_tokens);
-    let output_tokens = match positive(learned_output) {
-        Some(o) => o.min(cap),
-        None => f64::from(p.wait_heuristic_output_tokens).min(cap),
+    let typical_output = positive(learned_output)
+        .unwrap_or(f64::from(p.wait_heuristic_output_tokens))
+        .min(cap);
+    // A request's own limit is its answer's length as often as answers ran into theirs: a
+    // client that sets it to what it wants (an agent's step, a benchmark's `num_predict`) is
+    // read by it, one that sets a generous ceiling by the model's typical answer. The typical
+    // answer alone priced a 300-token request at the 65 the first, short answers showed.
+    let capped_share = x
+        .peer
+        .and_then(|p| p.capped_share)
+        .or(r.capped_share)
+        .filter(|s| s.is_finite() && cap.is_finite());
+    let output_tokens = match capped_share {
+        Some(share) => {
+            let share = share.clamp(0.0, 1.0);
+            share * cap + (1.0 - share) * typical_output
+        }
+        None => typical_output,
     };
     let cached = cached.min(x.req.prompt_tokens);
     let overhead = match raised {
@@ -1229,5 +1255,36 @@ mod tests {
         n.decode_tps = None;
         let p = predict(&Policy::default(), &input(&req, &n, Rates::default(), q), 0);
         assert!((p.decode_tps - 100.0).abs() < 1e-9);
+    }
+    /// A request's own output limit counts as its answer's length as often as the model's
+    /// answers ran into theirs: all of them, the limit; none, the typical answer.
+    #[test]
+    fn an_output_limit_counts_as_often_as_answers_ran_into_theirs() {
+        let req = RouteRequest {
+            models: vec!["m".into()],
+            prompt_tokens: 100,
+            max_output_tokens: Some(300),
+            ..RouteRequest::default()
+        };
+        let mut n = node("a", vec![loaded("m", 4.0)]);
+        n.decode_tps = Some(100.0);
+        let q = ModelLoad::default();
+        let seen = |share: Option<f64>| Rates {
+            output_tokens: Some(60.0),
+            capped_share: share,
+            ..learned()
+        };
+        let out = |rates: Rates, req: &RouteRequest| {
+            predict(&Policy::default(), &input(req, &n, rates, q), 0).output_tokens
+        };
+        assert_eq!(out(seen(None), &req), 60.0, "nothing known of limits");
+        assert_eq!(out(seen(Some(1.0)), &req), 300.0);
+        assert_eq!(out(seen(Some(0.0)), &req), 60.0);
+        assert_eq!(out(seen(Some(0.5)), &req), 180.0);
+        let open = RouteRequest {
+            max_output_tokens: None,
+            ..req.clone()
+        };
+        assert_eq!(out(seen(Some(1.0)), &open), 60.0, "no limit of its own");
     }
 }

@@ -360,6 +360,8 @@ pub struct Rates {
     pub service_s: Option<f64>,
     /// Output tokens per response.
     pub output_tokens: Option<f64>,
+    /// Of the answers to requests that set an output limit, the share that ran into it.
+    pub capped_share: Option<f64>,
     /// Responses observed, and when the last one was (ms).
     pub observed: u32,
     pub last_ms: Option<u64>,

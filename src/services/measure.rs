@@ -443,6 +443,7 @@ async fn ask(
         prompt_tokens,
         prefill_ahead_s: None,
         output_tokens: observed.output_tokens(),
+        max_output_tokens: Some(OUTPUT_TOKENS),
         prompt_eval_s: secs(observed.prompt_eval_duration_ns),
         eval_s: secs(observed.eval_duration_ns),
         load_s,
