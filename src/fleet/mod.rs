@@ -762,18 +762,25 @@ mod tests {
         fleet
     }
 
+    /// A fresh state directory (`name` and this process's id) and a one-node fleet's config
+    /// that keeps its learned state there.
+    fn state_dir_fleet(name: &str) -> (std::path::PathBuf, String) {
+        let dir = std::env::temp_dir().join(format!("fleetgate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let yaml = format!(
+            "learning:\n  state_dir: {}\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n",
+            dir.display()
+        );
+        (dir, yaml)
+    }
+
     /// What the gateway learned of its prompts' sizes and of a node's prefix cache survives a
     /// restart: a gateway started on the same state directory estimates a prompt as the first
     /// had learned to (not at the configured chars per token), and credits the node's cache as
     /// many prompts back.
     #[test]
     fn prompt_calibration_and_cache_reach_survive_a_restart() {
-        let dir = std::env::temp_dir().join(format!("fleetgate-calib-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let yaml = format!(
-            "learning:\n  state_dir: {}\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n",
-            dir.display()
-        );
+        let (dir, yaml) = state_dir_fleet("calib");
         let start = || Fleet::new(Arc::new(crate::config::Config::from_yaml(&yaml).unwrap()));
         let first = start();
         let default = first.config().routing.chars_per_token;
@@ -802,12 +809,7 @@ mod tests {
     /// registers.
     #[test]
     fn what_was_learned_of_a_registered_node_waits_for_it_after_a_restart() {
-        let dir = std::env::temp_dir().join(format!("fleetgate-joined-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let yaml = format!(
-            "learning:\n  state_dir: {}\nfleet:\n  nodes:\n    - id: a\n      url: http://127.0.0.1:9\n      backend: ollama\n",
-            dir.display()
-        );
+        let (dir, yaml) = state_dir_fleet("joined");
         let start = || Fleet::new(Arc::new(crate::config::Config::from_yaml(&yaml).unwrap()));
         let joined = || {
             crate::config::NodeConfig::dynamic(
