@@ -203,15 +203,15 @@ impl Calibration {
         if map.get(model).is_some_and(|c| !c.samples.is_empty()) {
             return;
         }
-        let kept: VecDeque<Sample> = samples.iter().copied().filter(Sample::sane).collect();
-        let skip = kept.len().saturating_sub(WINDOW);
-        let mut c = ModelCal {
-            samples: kept.into_iter().skip(skip).collect(),
-            ..ModelCal::default()
-        };
-        if c.samples.is_empty() {
+        let mut kept: VecDeque<Sample> = samples.iter().copied().filter(Sample::sane).collect();
+        if kept.is_empty() {
             return;
         }
+        kept.drain(..kept.len().saturating_sub(WINDOW));
+        let mut c = ModelCal {
+            samples: kept,
+            ..ModelCal::default()
+        };
         c.refit(default);
         map.insert(model.to_string(), c);
     }

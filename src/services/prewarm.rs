@@ -181,8 +181,10 @@ pub fn to_measure(
     let mut started = false;
     for row in decision.table.iter().filter(|row| row.model == pos) {
         let idx = row.node;
-        let cold = matches!(row.verdict, Verdict::Predicted { prediction: p } if p.load_s > 0.0);
-        if !cold || idx == winner.node {
+        // Cold there, and priced from no answer of its own (as a typical node or a twin).
+        let untried = matches!(row.verdict,
+            Verdict::Predicted { prediction: p } if p.load_s > 0.0 && p.observed == 0);
+        if !untried || idx == winner.node {
             continue;
         }
         let Some(node) = view.nodes.get(idx) else {
@@ -193,14 +195,6 @@ pub fn to_measure(
             && fleet.node_in_flight(idx) == 0;
         if !empty
             || !node_api::can_manage(fleet, idx)
-            || fleet
-                .node(idx)
-                .counters(model)
-                .rates
-                .lock()
-                .rates()
-                .observed
-                > 0
             || !crate::routing::fits_free(node, idx, model, &**fleet)
             || !fleet.measure_loads.lock().insert((idx, model.clone()))
         {
