@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Random heterogeneous fleets for the placement bench, as hold-outs nobody tuned for.
 
-    python3 benches/placement/random_fleets.py OUT_DIR [COUNT] [SEED]
+    python3 benches/placement/random_fleets.py OUT_DIR [COUNT] [SEED] [--ollama-seats]
     FLEETGATE_BENCH_SCENARIOS=OUT_DIR target/release/deps/placement-* --bench --quick
 
 Each scenario draws 2-5 node kinds (1-3 replicas each) with decode 30-400 tokens/s, prefill
@@ -9,7 +9,9 @@ Each scenario draws 2-5 node kinds (1-3 replicas each) with decode 30-400 tokens
 sizes (speed falling with size, contexts 8k-128k, loaded while they fit); a mix of 1-3
 request classes over models some node has (some with shared system prompts), sometimes
 multi-turn chats, sometimes a node slowing down; an arrival rate drawn around what the fleet
-can decode. Standard library only.
+can decode. With `--ollama-seats`, node kinds whose sim seed is even keep their seats per
+loaded model, as Ollama does (`OLLAMA_NUM_PARALLEL` slots for each model it holds); without
+it the sets of earlier stops come out as they did. Standard library only.
 """
 import os
 import random
@@ -22,7 +24,7 @@ MODELS = [  # name, GB, relative speed, cold load ms per GB
 ]
 
 
-def node_kind(rng, k):
+def node_kind(rng, k, ollama_seats=False):
     mem = rng.choice([8, 16, 24, 32, 48, 64, 128])
     seats = rng.choice([1, 2, 2, 4, 4, 8, 12, 16])
     tps = round(rng.uniform(30, 400))
@@ -47,9 +49,10 @@ def node_kind(rng, k):
     lines = [f"  - id: n{k}"]
     if reps > 1:
         lines.append(f"    replicas: {reps}")
+    sim_seed = rng.randrange(1000)
     lines += [
         "    sim:",
-        f"      seed: {rng.randrange(1000)}",
+        f"      seed: {sim_seed}",
         f"      seats: {seats}",
         f"      tokens_per_sec: {tps}",
         f"      prefill_tokens_per_sec: {prefill}",
@@ -58,16 +61,18 @@ def node_kind(rng, k):
         f"      prefix_cache_entries: {rng.choice([0, 2, 4, 8, 16])}",
         f"      memory_gb: {mem}",
         "      reply_tokens: 4096",
-        "      models:",
-    ] + models
+    ]
+    if ollama_seats and sim_seed % 2 == 0:
+        lines.append("      seats_per_model: true")
+    lines += ["      models:"] + models
     names = [m.split('"')[1] for m in models]
     speeds = {name: speed for name, _, speed in MODELS}
     # Answers of ~200 tokens it can decode per second, per model it has (for the arrival rate).
     return lines, names, {n: reps * seats * tps * speeds[n] / 200.0 for n in names}
 
 
-def scenario(rng, i):
-    kinds = [node_kind(rng, k) for k in range(rng.randint(2, 5))]
+def scenario(rng, i, ollama_seats=False):
+    kinds = [node_kind(rng, k, ollama_seats) for k in range(rng.randint(2, 5))]
     served = sorted({m for _, names, _ in kinds for m in names})
     mix, asked = [], set()
     for _ in range(rng.randint(1, 3)):
@@ -116,13 +121,15 @@ def scenario(rng, i):
 
 
 def main():
-    out_dir = sys.argv[1]
-    count = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    rng = random.Random(int(sys.argv[3]) if len(sys.argv) > 3 else 2026)
+    args = [a for a in sys.argv[1:] if a != "--ollama-seats"]
+    ollama_seats = len(args) < len(sys.argv) - 1
+    out_dir = args[0]
+    count = int(args[1]) if len(args) > 1 else 8
+    rng = random.Random(int(args[2]) if len(args) > 2 else 2026)
     os.makedirs(out_dir, exist_ok=True)
     for i in range(count):
         with open(os.path.join(out_dir, f"r{i}.yaml"), "w") as f:
-            f.write(scenario(rng, i))
+            f.write(scenario(rng, i, ollama_seats))
 
 
 if __name__ == "__main__":
