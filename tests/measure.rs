@@ -424,8 +424,9 @@ fn an_answer_that_waited_for_a_load_teaches_nothing() {
 /// asked for is loaded with it in the background once a request for it comes, and timed, so
 /// routing learns it is the fast one: before, it was priced as the slow node that had been
 /// measured plus a load guessed from the model's size, and every request stayed on the slow
-/// node until its queue cost more than that guess. A node that holds another model is left
-/// alone (that model's answers time it).
+/// node until its queue cost more than that guess. A node that holds another model is not
+/// loaded to be timed (that model's answers time it; spare loads, which would load it there
+/// as the faster node, are off here).
 #[test]
 fn an_empty_node_with_the_model_on_disk_is_loaded_and_timed_once_the_model_is_asked_for() {
     const SLOW: &str = "seats: 4\ntokens_per_sec: 40\nprefill_tokens_per_sec: 1000\nttft_ms: 5\nmemory_gb: 16\nreply_tokens: 40\nmodels:\n  - {name: mid:14b, size_gb: 9, loaded: true}\n";
@@ -439,7 +440,7 @@ fn an_empty_node_with_the_model_on_disk_is_loaded_and_timed_once_the_model_is_as
         node("other", &other, "      capacity: 4\n      memory_gb: 32\n"),
     ];
     let gw = Gateway::start(&format!(
-        "health:\n  poll_interval_ms: 200\nrouting:\n  mode: completion\n  policy:\n    completion_measure: true\n{}",
+        "health:\n  poll_interval_ms: 200\nrouting:\n  mode: completion\n  policy:\n    completion_measure: true\n    completion_spare_loads: false\n{}",
         fleet(&nodes)
     ));
     let mid = |text: &str| {

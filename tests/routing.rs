@@ -651,6 +651,100 @@ fn spare_loads_off_loads_nothing_unasked() {
     spare_loads(false);
 }
 
+/// Completion mode also loads a model where it would be served faster, not only where its
+/// requests wait. One request at a time for a 20 GB model: `held` has it loaded and a seat
+/// always free; `fast`, three times its speed on the model both were measured on, has it on
+/// disk and room to spare. Priced at 10 s to read in (the default 2 GB/s), no request goes
+/// there cold; the gateway loads it there unasked, and the requests after that are served
+/// there.
+#[test]
+fn a_model_is_loaded_unasked_where_it_would_be_served_faster() {
+    let rt = runtime();
+    let node_spec = |decode: u32, models: &str| {
+        format!(
+            "seats: 4
+tokens_per_sec: {decode}
+ttft_ms: 1
+memory_gb: 64
+reply_tokens: 50
+models:
+{models}"
+        )
+    };
+    let other = "  - {name: other:7b, size_gb: 5, loaded: true}
+";
+    let held = sim(
+        &rt,
+        &node_spec(
+            100,
+            &format!(
+                "  - {{name: m:20b, size_gb: 20, loaded: true}}
+{other}"
+            ),
+        ),
+    );
+    let fast = sim(
+        &rt,
+        &node_spec(
+            300,
+            &format!(
+                "  - {{name: m:20b, size_gb: 20, cold_load_ms: 300}}
+{other}"
+            ),
+        ),
+    );
+    let gw = Gateway::start(&format!(
+        "health:
+  poll_interval_ms: 200
+routing:
+  policy:
+    completion_measure: true
+{}",
+        fleet(&[
+            node(
+                "held",
+                &held,
+                "      memory_gb: 64
+"
+            ),
+            node(
+                "fast",
+                &fast,
+                "      memory_gb: 64
+"
+            ),
+        ])
+    ));
+    let ask =
+        json!({"model": "m:20b", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]});
+    rt.block_on(async {
+        eventually("the loaded pairs measured", || async {
+            gw.fleet.nodes().iter().all(|n| {
+                let live = n.live.lock();
+                live.polled && live.measure_passed && !live.measuring
+            })
+        })
+        .await;
+        let first = post(&gw, &ask, &[]).await;
+        assert_eq!(
+            (first.status().as_u16(), node_of(&first)),
+            (200, "held".into())
+        );
+        first.bytes().await.unwrap();
+        eventually("m:20b loaded on fast", || async {
+            loaded_on(&fast).await.contains(&"m:20b".to_string())
+        })
+        .await;
+        eventually("a request for m:20b served on fast", || async {
+            let r = post(&gw, &ask, &[]).await;
+            assert_eq!(r.status(), 200);
+            node_of(&r) == "fast"
+        })
+        .await;
+    });
+    assert_eq!(fast.control().stats().loads, ["m:20b"]);
+}
+
 fn spare_loads(on: bool) {
     let rt = runtime();
     let node_spec = |decode: u32, memory_gb: u32, models: &str| {

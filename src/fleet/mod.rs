@@ -616,7 +616,7 @@ impl Fleet {
         let configs = self.configs.load();
         let nodes = self.nodes.load();
         let mut due = u64::MAX;
-        let nodes = configs
+        let mut nodes: Vec<_> = configs
             .iter()
             .zip(nodes.iter())
             .map(|(cfg, st)| {
@@ -624,6 +624,7 @@ impl Fleet {
                 node_view(cfg, st, now, &params)
             })
             .collect();
+        view::peer_load_speeds(&mut nodes);
         self.next_due_ms.store(due, Ordering::Relaxed);
         FleetView { nodes }
     }
@@ -903,6 +904,25 @@ mod tests {
         fleet.publish();
         let gbps = fleet.view().nodes[0].learned_load_gbps.expect("learned");
         assert!((gbps - 5.5).abs() < 1e-9, "{gbps}");
+    }
+
+    /// A node that has loaded nothing is expected to read at the speed its peers showed (their
+    /// harmonic mean: seconds per GB averaged), not its own; none loaded anything: no guess.
+    #[test]
+    fn a_node_that_loaded_nothing_reads_at_its_peers_speed() {
+        let node = |gbps: Option<f64>| crate::routing::NodeView {
+            learned_load_gbps: gbps,
+            ..Default::default()
+        };
+        let mut nodes = vec![node(Some(4.0)), node(Some(12.0)), node(None)];
+        view::peer_load_speeds(&mut nodes);
+        for (n, want) in nodes.iter().zip([12.0, 4.0, 6.0]) {
+            let got = n.peer_load_gbps.expect("peers loaded");
+            assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        }
+        let mut none = vec![node(None), node(None)];
+        view::peer_load_speeds(&mut none);
+        assert!(none.iter().all(|n| n.peer_load_gbps.is_none()));
     }
 
     /// A learning node's heartbeats and the view being published at once finish: the

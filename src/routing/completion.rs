@@ -9,7 +9,8 @@
 //!                                            start; only on a node learned to prefill one prompt
 //!                                            at a time (`Rates::prefill_shared`)
 //! load    = observed load time, else size_gb / read speed: the node's `load_gbps`, else what
-//!           its observed loads of other models read at (0 when loaded with a window that fits),
+//!           its observed loads of other models read at, else the other nodes' loads
+//!           (`peer_load_gbps`), else `completion_load_gbps` (0 when loaded with a window that fits),
 //!           less how long a load of it that a request started has been under way, less the
 //!           seat wait when requests are ahead and their ends are known (they wait for the
 //!           same load meanwhile); one past its time: as long again as it has overrun.
@@ -30,7 +31,8 @@
 //!                                            relative cost x spt1, else
 //!                                            completion_contention_prior x spt1
 //!                                            pace: the running answers' seconds per token
-//!                                            over spt at the node's decoding streams, >= 1
+//!                                            over spt at the node's decoding streams, >= 1;
+//!                                            none running: the node's other models' so
 //!           + past the pair's own seat, the wait for the node's: its ceiling across its
 //!           models (its seats when its models share them, learned; else its hard cap), from
 //!           the predicted ends of every request running on it (`node_wait_s`)
@@ -162,6 +164,9 @@ pub(super) struct Input<'a> {
     pub node_in_flight: u32,
     /// Prompts sent to the node and not answered yet.
     pub node_prefilling: PrefillLoad,
+    /// For a pair that has not learned whether its node prefills one prompt at a time: what
+    /// the node's other pairs learned (set by the caller while prompts are queued there).
+    pub node_prefill_shared: Option<bool>,
     pub rates: Rates,
     /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
     pub peer: Option<Peers>,
@@ -189,6 +194,10 @@ pub(super) struct Input<'a> {
     pub node_ends: &'a [f64],
     /// How fast the answers running on the pair stream now (see `pace`).
     pub live: Option<LiveDecode>,
+    /// With nothing of the pair streaming: how many times slower than their rates the node's
+    /// other models stream now (>= 1; set by the caller). A node slowed by heat or another
+    /// user is slowed for every model it holds.
+    pub node_slowdown: f64,
 }
 
 const MIN_SPT: f64 = 1e-4;
@@ -599,7 +608,10 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         .filter(|b| b.is_finite())
         .map_or(0.0, |b| b.max(0.0));
     let concurrency = x.node_in_flight.saturating_add(1).min(node_seats).max(1);
-    let pace = pace(x.live, spt1, per_stream);
+    let pace = match x.live.filter(|l| l.tokens > 0.0) {
+        Some(live) => pace(Some(live), spt1, per_stream),
+        None => x.node_slowdown.max(1.0),
+    };
     let per_stream = per_stream * pace;
     let mut spt = spt1 * pace + per_stream * f64::from(concurrency - 1);
     // A floor (prompts of one length only: overhead taken as rate) is raised to the model's
@@ -668,12 +680,16 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // what it has done of the first since it could start): this one's prefill starts once
     // they are done and a seat is free, whichever is later.
     let q = x.node_prefilling;
-    // Undecided (no response had one ahead yet): as the model's other nodes showed, else each
-    // seat on its own. Taking an unknown node to queue cost bursts 0.53 -> 0.63 s and slowdown
-    // 0.38 -> 0.46 s in the placement bench, where nodes do not queue; a node that does is
-    // found out within its first few overlapping requests.
-    let shared = r
+    // Undecided (no response had one ahead yet): as the node's other models showed (the queue
+    // is the node's), else as the model's other nodes showed (a pair never observed has
+    // theirs in `r`), else each seat on its own. Taking an unknown node to queue cost bursts
+    // 0.53 -> 0.63 s and slowdown 0.38 -> 0.46 s in the placement bench, where nodes do not
+    // queue; a node that does is found out within its first few overlapping requests.
+    let shared = x
+        .rates
         .prefill_shared
+        .or(x.node_prefill_shared)
+        .or(r.prefill_shared)
         .or(x.peer.and_then(|p| p.mean.prefill_shared))
         .unwrap_or(false);
     let prefill_queue_tokens = if shared && q.tokens > 0 {
@@ -909,6 +925,7 @@ pub(super) fn read_s(p: &Policy, node: &NodeView, m: &ModelView, observed: Optio
         m.resident_gb.unwrap_or(m.size_gb).max(0.0)
             / positive(node.load_gbps)
                 .or(positive(node.learned_load_gbps))
+                .or(positive(node.peer_load_gbps))
                 .unwrap_or(p.completion_load_gbps)
     })
 }
@@ -1092,6 +1109,7 @@ mod tests {
             load,
             node_in_flight: load.in_flight,
             node_prefilling: PrefillLoad::default(),
+            node_prefill_shared: None,
             rates,
             peer: None,
             node_best: None,
@@ -1103,6 +1121,7 @@ mod tests {
             node_load: ModelLoad::default(),
             node_ends: &[],
             live: None,
+            node_slowdown: 1.0,
         }
     }
 

@@ -343,6 +343,32 @@ fn a_node_whose_running_answers_stream_slower_than_its_rates_is_priced_at_that_p
     assert_near(predicted(&d, 0).pace, 1.0, &predicted(&d, 0));
 }
 
+/// A slowdown is the node's: with nothing of `m` running on `slowed`, the answer its other
+/// model streams five times slower than that model's rate prices `m` there five times slower
+/// too, and the request goes to `steady` (the rag-agents bench: a small model newly loaded on
+/// a GPU slowed half-way was priced at its full speed and waited 5.6 s there).
+#[test]
+fn a_node_slowed_on_one_model_is_priced_slowed_on_the_others() {
+    let f = fleet(vec![
+        node("slowed", vec![loaded("m", 4.0), loaded("other", 4.0)]),
+        node("steady", vec![loaded("m", 4.0)]),
+    ]);
+    let r = req(&["m"], 1_000);
+    let loads = TableLoads::default()
+        .rated(0, "m", seen(100.0))
+        .rated(0, "other", seen(100.0))
+        .rated(1, "m", seen(95.0))
+        .with(0, "other", queue(1, 0));
+    let p = predicted(&at(&r, &f, &loads), 0);
+    assert_near(p.pace, 1.0, &p);
+    // `other`'s answer has streamed 40 tokens in 2 s (20 tok/s): five times its rate.
+    let slowed = loads.streaming(0, "other", 2.0, 40.0, 1);
+    let d = at(&r, &f, &slowed);
+    let p = predicted(&d, 0);
+    assert_near(p.pace, 5.0, &p);
+    assert_eq!(d.winner().unwrap().node_id, "steady", "{:?}", d.table);
+}
+
 /// Both nodes are full and alike in every rate: the one whose running requests end first (a
 /// short prompt's, not two long ones') is where a seat frees first, and the wait says so; a
 /// request waiting there already takes that seat, so the next free one counts. Without the
@@ -857,6 +883,54 @@ fn a_node_that_prefills_one_at_a_time_counts_the_prompts_sent_before() {
             assert_near(p.wait_s, 0.0, &p);
             assert_near(p.prefill_s, 0.5, &p);
         }
+    }
+}
+
+/// The prompt queue is the node's: a model that has not learned whether its node prefills one
+/// prompt at a time (newly loaded there) takes the verdict of the node's other model, not of
+/// its own other nodes (the rag-agents bench: a small model loaded on a GPU found to queue
+/// its RAG prompts was priced free of that queue, and waited 5.6 s for its first token).
+#[test]
+fn a_model_new_on_a_node_takes_the_nodes_verdict_on_its_prompt_queue() {
+    let f = fleet_of_4_seats(vec![
+        node("gpu", vec![loaded("m", 4.0), loaded("other", 4.0)]),
+        node("box", vec![loaded("m", 4.0)]),
+    ]);
+    let r = req(&["m"], 1_000);
+    // Observed there without a verdict yet, or never observed there (priced as the model's
+    // typical node, whose verdict is `box`'s: not to queue).
+    for (node_queues, own_seen) in [(true, true), (false, true), (true, false)] {
+        let decided = Rates {
+            prefill_shared: Some(node_queues),
+            ..seen(100.0)
+        };
+        let own = if own_seen {
+            seen(100.0)
+        } else {
+            Rates::default()
+        };
+        let mut loads = TableLoads::default()
+            .rated(0, "m", own)
+            .rated(0, "other", decided)
+            .rated(
+                1,
+                "m",
+                Rates {
+                    prefill_shared: Some(false),
+                    ..seen(100.0)
+                },
+            )
+            .with(0, "other", queue(1, 0));
+        loads.prefilling = vec![
+            PrefillLoad {
+                tokens: 20_000,
+                head_ms: 1_000_000,
+            },
+            PrefillLoad::default(),
+        ];
+        let p = predicted(&at(&r, &f, &loads), 0);
+        let want = if node_queues { 20_000 } else { 0 };
+        assert_eq!(p.prefill_queue_tokens, want, "{p:?}");
     }
 }
 

@@ -157,6 +157,8 @@ fn decide_once(
     // and of every pair of a node whose seats are all taken (refilled per node).
     let mut ends: Vec<f64> = Vec::new();
     let mut node_ends: Vec<f64> = Vec::new();
+    // What the other pairs of a node are predicted to end at (read for their live pace only).
+    let mut scratch: Vec<f64> = Vec::new();
     // Completion mode: per model, the fleet's observed rates (read when an untried pair
     // needs its node's pace, once per model).
     let mut logs = PaceCache::default();
@@ -166,6 +168,8 @@ fn decide_once(
         let mut node_load: Option<ModelLoad> = None;
         // What the node has shown on its models, read once for all its untried pairs.
         let mut shown: Option<Shown> = None;
+        // Whether its loaded models found it to prefill one prompt at a time.
+        let mut node_queues: Option<Option<bool>> = None;
         let provisional = node.tier == Tier::Provisional;
         if provisional && node_in_flight > 0 {
             provisional_in_use += 1;
@@ -233,13 +237,23 @@ fn decide_once(
                             let node_load = *node_load.get_or_insert_with(|| {
                                 node_seats(loads, node, idx, node_in_flight, now_ms, &mut node_ends)
                             });
+                            let prefilling = loads.node_prefilling(idx);
                             let input = Input {
                                 req,
                                 node,
                                 model: m,
                                 load,
                                 node_in_flight,
-                                node_prefilling: loads.node_prefilling(idx),
+                                node_prefilling: prefilling,
+                                node_prefill_shared: own
+                                    .prefill_shared
+                                    .is_none()
+                                    .then(|| {
+                                        *node_queues.get_or_insert_with(|| {
+                                            node_prefill_shared(loads, node, idx, prefilling)
+                                        })
+                                    })
+                                    .flatten(),
                                 rates: own,
                                 peer: peers[pos],
                                 node_best: None,
@@ -251,6 +265,15 @@ fn decide_once(
                                 node_load,
                                 node_ends: &node_ends,
                                 live,
+                                node_slowdown: node_slowdown(
+                                    policy,
+                                    loads,
+                                    node,
+                                    idx,
+                                    (name, &load, node_in_flight),
+                                    now_ms,
+                                    &mut scratch,
+                                ),
                             };
                             let input = if own.observed == 0 {
                                 let s = *shown.get_or_insert_with(|| {
@@ -689,13 +712,19 @@ fn predict_cached(
         post.now_ms,
         &mut node_ends,
     );
+    let prefilling = post.loads.node_prefilling(idx);
     let input = Input {
         req,
         node,
         model,
         load,
         node_in_flight,
-        node_prefilling: post.loads.node_prefilling(idx),
+        node_prefilling: prefilling,
+        node_prefill_shared: rates
+            .prefill_shared
+            .is_none()
+            .then(|| node_prefill_shared(post.loads, node, idx, prefilling))
+            .flatten(),
         rates,
         peer: post.peers[pos],
         node_best: shown.and_then(|s| s.best),
@@ -707,6 +736,15 @@ fn predict_cached(
         node_load,
         node_ends: &node_ends,
         live,
+        node_slowdown: node_slowdown(
+            post.policy,
+            post.loads,
+            node,
+            idx,
+            (name, &load, node_in_flight),
+            post.now_ms,
+            &mut Vec::new(),
+        ),
     };
     let prediction = completion::predict(post.policy, &input, cached);
     let total = finite(-(prediction.total_s + prediction.imposed_s));
@@ -829,6 +867,76 @@ impl<'f> PaceCache<'f> {
         self.sums.push((key.0, key.1, all));
         all
     }
+}
+
+/// How many times slower than their rates the answers of node `idx`'s other models stream now
+/// (their seconds over their tokens past the first chunk, against their own single-stream
+/// rate plus the contention at the node's decoding streams), for a pair with nothing running
+/// (`pair`: its model, load, and the node's requests in flight): a slowdown the node shows on
+/// one model is the node's. At least 1 (a node faster than its rates is left to them); 1 when
+/// the pair runs something (its own answers tell) or nothing else runs.
+fn node_slowdown(
+    policy: &super::policy::Policy,
+    loads: &dyn Loads,
+    node: &super::types::NodeView,
+    idx: usize,
+    (name, load, node_in_flight): (&str, &super::types::ModelLoad, u32),
+    now_ms: u64,
+    scratch: &mut Vec<f64>,
+) -> f64 {
+    if load.in_flight > 0 || node_in_flight <= load.in_flight {
+        return 1.0;
+    }
+    let (mut seen, mut expected) = (0.0, 0.0);
+    for m in node.models.iter().filter(|m| m.loaded && m.name != name) {
+        if loads.model(idx, &m.name).in_flight == 0 {
+            continue;
+        }
+        scratch.clear();
+        let live = loads.seat_ends(idx, &m.name, now_ms, scratch);
+        let Some(l) = live.filter(|l| l.tokens > 0.0 && l.secs.is_finite()) else {
+            continue;
+        };
+        let r = loads.rates(idx, &m.name);
+        let Some(spt1) = r.decode_spt.filter(|s| s.is_finite() && *s > 0.0) else {
+            continue;
+        };
+        let per_stream = r
+            .decode_spt_per_stream
+            .unwrap_or(policy.completion_contention_prior * spt1)
+            .max(0.0);
+        seen += l.secs;
+        expected += (spt1 + per_stream * f64::from(l.node_decoding.max(1) - 1)) * l.tokens;
+    }
+    if expected > 0.0 && seen > expected {
+        seen / expected
+    } else {
+        1.0
+    }
+}
+
+/// Whether node `idx` prefills one prompt at a time, as its loaded models that have decided
+/// it say (most of them), for a pair that has not, while prompts are queued there: the queue
+/// is the node's (one GPU's compute), so a model newly loaded on a node found to queue its
+/// prompts queues them too. Read only when it could matter.
+fn node_prefill_shared(
+    loads: &dyn Loads,
+    node: &super::types::NodeView,
+    idx: usize,
+    prefilling: super::types::PrefillLoad,
+) -> Option<bool> {
+    if prefilling.tokens == 0 {
+        return None;
+    }
+    let loaded = node.models.iter().filter(|m| m.loaded);
+    let (yes, no) = loaded.fold((0u32, 0u32), |(y, n), m| {
+        match loads.rates(idx, &m.name).prefill_shared {
+            Some(true) => (y + 1, n),
+            Some(false) => (y, n + 1),
+            None => (y, n),
+        }
+    });
+    (yes + no > 0).then_some(yes > no)
 }
 
 /// `logs`: what the decision's paces read. `against`: the pace is read against the nodes that

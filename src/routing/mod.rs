@@ -38,7 +38,7 @@ mod tests;
 pub use self::affinity::{conversation_key, prefix_key, rendezvous_weight};
 pub use self::completion::{priors, Prediction};
 pub use self::decide::decide;
-pub use self::evict::{fits_free, victims, worth_restoring};
+pub use self::evict::{crowded, fits_free, victims, worth_restoring};
 pub use self::policy::{Policy, PolicyError};
 pub use self::resolve::{glob, ModelTier, Resolve, TierRule};
 pub use self::servable::unservable_tags;

@@ -122,8 +122,9 @@ pub struct Policy {
     /// Set from `routing.mode` (not part of the `routing.policy` block).
     #[serde(skip)]
     pub mode: super::types::Mode,
-    /// Prior model-load read speed, GB/s, for a node without `load_gbps` and no observed load
-    /// (spec 000: a 40 GB model cold-loads in 15-30 s).
+    /// Prior model-load read speed, GB/s, for a node without `load_gbps` and no observed load,
+    /// while no other node's load was observed either (`NodeView::peer_load_gbps`; spec 000: a
+    /// 40 GB model cold-loads in 15-30 s).
     pub completion_load_gbps: f64,
     /// Prior pull speed, GB/s, for a model not on the node's disk.
     pub completion_pull_gbps: f64,
@@ -154,10 +155,10 @@ pub struct Policy {
     /// cheapest to reload (`evict.rs`) instead of leaving the choice to the backend's own
     /// least-recently-used rule.
     pub completion_choose_evictions: bool,
-    /// A request that is to wait for a seat even on the node that finishes it first has its
-    /// model loaded, in the background, on a node the gateway manages (Ollama) that has it on
-    /// disk, fits it in free memory (nothing unloaded) and would finish it sooner with it
-    /// loaded (`services::prewarm::spare_room`).
+    /// A request's model is loaded, in the background, on a node the gateway manages (Ollama)
+    /// that has it on disk, fits it in free memory (nothing unloaded) and would finish the
+    /// request sooner with it loaded than the node it goes to, whether that one has a seat
+    /// free or not (`services::prewarm::spare_room`).
     pub completion_spare_loads: bool,
     /// A model a node holds in memory that no answer has measured yet is asked once, when
     /// the gateway first sees it, for a short answer (`services::measure`): its prefill and

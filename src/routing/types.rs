@@ -195,6 +195,10 @@ pub struct NodeView {
     /// load times, summed over the models it loaded (`None` before a load was observed). What
     /// a model it has not loaded yet is expected to read at (the disk is the node's).
     pub learned_load_gbps: Option<f64>,
+    /// Before the node loaded anything: what the fleet's other nodes showed
+    /// (`learned_load_gbps`), their harmonic mean (the mean seconds per GB), as the first
+    /// guess for its disk; `None` while no node loaded a model.
+    pub peer_load_gbps: Option<f64>,
     /// What the user wrote of the machine (`fleet::view::twin_key`): nodes with the same key
     /// are taken as the same machine (`completion::Input::twin`); `None` without a configured
     /// `memory_gb` (nodes given by URL only all look alike, which says nothing).

@@ -7,8 +7,8 @@
 //! observed load times (`services::completion_period`). The same pass reads back in a model
 //! the gateway unloaded to make room for another, once that one is idle and the first's users
 //! would lose more to its reload than the idle models that go for it (`restore`). And, called
-//! by placement for a request that is to wait for a seat, it loads the request's model where
-//! it fits in free memory and would serve it sooner (`spare_room`); for any request, where a
+//! by placement for each request, it loads the request's model where it fits in free memory
+//! and would serve it sooner (`spare_room`); for any request, where a
 //! node nobody has seen answer it holds nothing, so that it can be timed (`to_measure`).
 
 use std::sync::atomic::Ordering;
@@ -59,7 +59,10 @@ impl Prewarm {
                 if !runner_up.cold || !node_api::can_manage(fleet, runner_up.node) {
                     continue;
                 }
-                if completion && !worth_loading(fleet, &view, idx, &model, &decision, runner_up) {
+                if completion
+                    && (!worth_loading(fleet, &view, idx, &model, &decision, runner_up)
+                        || node_api::crowded(fleet, &view, runner_up.node, &model))
+                {
                     continue;
                 }
                 let why = format!("{model} queue on {} at {depth}", view.nodes[idx].id);
@@ -74,15 +77,19 @@ impl Prewarm {
     }
 }
 
-/// Completion mode, a request about to wait for a seat even on the node that finishes it
-/// first (`decision`, routing's for it): its model is loaded on another node that the gateway
-/// manages, that has it on disk, fits it in free memory (nothing unloaded for it) and, with
-/// it loaded, would have finished the request sooner (priced from what was seen of the pair
-/// or its model, not the config's priors, and without the exploring discount). The load costs
-/// no one a reload and adds seats where the demand is; the predicted load time does not enter
-/// (what a node takes to read a model it never loaded is the least known rate of all, and no
-/// request waits for this load). One node, the one that would finish soonest, and one such
-/// load of a model at a time. True when a load started.
+/// Completion mode, a request placed (`decision`, routing's for it): its model is loaded on
+/// another node that the gateway manages, that has it on disk, fits it in free memory (nothing
+/// unloaded for it) and, with it loaded, would have finished the request sooner than where it
+/// goes (priced from what was seen of the pair or its model, not the config's priors, and
+/// without the exploring discount). The load costs no one a reload and puts the model where
+/// it is served faster or where the demand waits for a seat; the predicted load time does not
+/// enter (what a node takes to read a model it never loaded is the least known rate of all,
+/// and no request waits for this load). Not only for a request that waits for a seat: a
+/// faster node holding another model would keep its copy of this one on disk while slower
+/// ones have seats free, its read speed guessed at 2 GB/s and so never worth a request's own
+/// load. One node,
+/// the one that would finish soonest, and one such load of a model at a time. True when a
+/// load started.
 pub fn spare_room(
     fleet: &Arc<Fleet>,
     view: &FleetView,
@@ -92,14 +99,12 @@ pub fn spare_room(
     let Some(winner) = decision.winner() else {
         return false;
     };
-    // Cheap first: the winner waits when its predicted finish exceeds its run once sent
-    // (completion mode only predicts).
-    match (winner.predicted_s, winner.predicted_run_s) {
-        (Some(total), Some(run)) if total > run => {}
-        _ => return false,
-    }
     let policy = &fleet.config().routing.policy;
-    if !policy.completion_spare_loads {
+    // Cheap first: completion mode only predicts, and a pair it predicts cold tells a model
+    // some node keeps on disk.
+    // Nor for a request that loads its model itself: a second copy would be read in beside
+    // the one it waits for, priced against a finish that includes that load.
+    if winner.predicted_s.is_none() || winner.cold || !policy.completion_spare_loads {
         return false;
     }
     let Some(pos) = models.iter().position(|m| *m == winner.model) else {
@@ -108,10 +113,6 @@ pub fn spare_room(
     let Some(best) = super::prediction_of_model(decision, winner.node, pos) else {
         return false;
     };
-    // For a seat (not only behind prompts a node prefills one at a time).
-    if best.ahead == 0 && best.node_wait_s <= 0.0 {
-        return false;
-    }
     let model = &winner.model;
     let rows = || decision.table.iter().filter(move |row| row.model == pos);
     let undiscount = 1.0 / policy.completion_explore_factor.clamp(1e-3, 1.0) - 1.0;
@@ -143,8 +144,8 @@ pub fn spare_room(
         return false;
     };
     let why = format!(
-        "{model} waits for a seat on {} and fits in {}'s free memory",
-        winner.node_id, view.nodes[idx].id
+        "{model} is served sooner on {} than on {} and fits in its free memory",
+        view.nodes[idx].id, winner.node_id
     );
     start_load(fleet, idx, model, &why, Room::Free)
 }
