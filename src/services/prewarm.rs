@@ -282,6 +282,7 @@ fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, room: Room
         }
         if let Err(e) = node_api::load(&fleet, idx, &model).await {
             log::warn!("pre-warm {model} on {node_id}: {e}");
+            fleet.ops.failed(&key);
         }
         node_api::refresh(&fleet, idx).await;
         fleet.ops.finish(&key, false);
