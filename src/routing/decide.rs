@@ -168,8 +168,6 @@ fn decide_once(
         let mut node_load: Option<ModelLoad> = None;
         // What the node has shown on its models, read once for all its untried pairs.
         let mut shown: Option<Shown> = None;
-        // Whether its loaded models found it to prefill one prompt at a time.
-        let mut node_queues: Option<Option<bool>> = None;
         let provisional = node.tier == Tier::Provisional;
         if provisional && node_in_flight > 0 {
             provisional_in_use += 1;
@@ -249,9 +247,7 @@ fn decide_once(
                                     .prefill_shared
                                     .is_none()
                                     .then(|| {
-                                        *node_queues.get_or_insert_with(|| {
-                                            node_prefill_shared(loads, node, idx, prefilling)
-                                        })
+                                        node_prefill_shared(loads, node, idx, name, prefilling)
                                     })
                                     .flatten(),
                                 rates: own,
@@ -723,7 +719,7 @@ fn predict_cached(
         node_prefill_shared: rates
             .prefill_shared
             .is_none()
-            .then(|| node_prefill_shared(post.loads, node, idx, prefilling))
+            .then(|| node_prefill_shared(post.loads, node, idx, name, prefilling))
             .flatten(),
         rates,
         peer: post.peers[pos],
@@ -915,20 +911,22 @@ fn node_slowdown(
     }
 }
 
-/// Whether node `idx` prefills one prompt at a time, as its loaded models that have decided
-/// it say (most of them), for a pair that has not, while prompts are queued there: the queue
-/// is the node's (one GPU's compute), so a model newly loaded on a node found to queue its
-/// prompts queues them too. Read only when it could matter.
+/// Whether node `idx` prefills one prompt at a time, as its other loaded models that have
+/// decided it say (most of them), for a pair of `name` that has not, while prompts are queued
+/// there: the queue is the node's (one GPU's compute), so a model newly loaded on a node found
+/// to queue its prompts queues them too. Read only when it could matter (a node of one model
+/// reads no rates: they cost a lock and two fits each).
 fn node_prefill_shared(
     loads: &dyn Loads,
     node: &super::types::NodeView,
     idx: usize,
+    name: &str,
     prefilling: super::types::PrefillLoad,
 ) -> Option<bool> {
     if prefilling.tokens == 0 {
         return None;
     }
-    let loaded = node.models.iter().filter(|m| m.loaded);
+    let loaded = node.models.iter().filter(|m| m.loaded && m.name != name);
     let (yes, no) = loaded.fold((0u32, 0u32), |(y, n), m| {
         match loads.rates(idx, &m.name).prefill_shared {
             Some(true) => (y + 1, n),
