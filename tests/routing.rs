@@ -660,71 +660,21 @@ fn spare_loads_off_loads_nothing_unasked() {
 #[test]
 fn a_model_is_loaded_unasked_where_it_would_be_served_faster() {
     let rt = runtime();
-    let node_spec = |decode: u32, models: &str| {
-        format!(
-            "seats: 4
-tokens_per_sec: {decode}
-ttft_ms: 1
-memory_gb: 64
-reply_tokens: 50
-models:
-{models}"
-        )
-    };
-    let other = "  - {name: other:7b, size_gb: 5, loaded: true}
-";
-    let held = sim(
-        &rt,
-        &node_spec(
-            100,
-            &format!(
-                "  - {{name: m:20b, size_gb: 20, loaded: true}}
-{other}"
-            ),
-        ),
-    );
-    let fast = sim(
-        &rt,
-        &node_spec(
-            300,
-            &format!(
-                "  - {{name: m:20b, size_gb: 20, cold_load_ms: 300}}
-{other}"
-            ),
-        ),
-    );
+    let other = "  - {name: other:7b, size_gb: 5, loaded: true}\n";
+    let held = format!("  - {{name: m:20b, size_gb: 20, loaded: true}}\n{other}");
+    let on_disk = format!("  - {{name: m:20b, size_gb: 20, cold_load_ms: 300}}\n{other}");
+    let held = sim(&rt, &four_seats(100, 64, &held));
+    let fast = sim(&rt, &four_seats(300, 64, &on_disk));
     let gw = Gateway::start(&format!(
-        "health:
-  poll_interval_ms: 200
-routing:
-  policy:
-    completion_measure: true
-{}",
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
         fleet(&[
-            node(
-                "held",
-                &held,
-                "      memory_gb: 64
-"
-            ),
-            node(
-                "fast",
-                &fast,
-                "      memory_gb: 64
-"
-            ),
+            node("held", &held, "      memory_gb: 64\n"),
+            node("fast", &fast, "      memory_gb: 64\n"),
         ])
     ));
-    let ask =
-        json!({"model": "m:20b", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]});
+    let ask = ask_20b();
     rt.block_on(async {
-        eventually("the loaded pairs measured", || async {
-            gw.fleet.nodes().iter().all(|n| {
-                let live = n.live.lock();
-                live.polled && live.measure_passed && !live.measuring
-            })
-        })
-        .await;
+        loaded_pairs_measured(&gw).await;
         let first = post(&gw, &ask, &[]).await;
         assert_eq!(
             (first.status().as_u16(), node_of(&first)),
@@ -745,17 +695,36 @@ routing:
     assert_eq!(fast.control().stats().loads, ["m:20b"]);
 }
 
+/// A sim node of 4 seats decoding at `decode` tokens/s, with `memory_gb` and `models`.
+fn four_seats(decode: u32, memory_gb: u32, models: &str) -> String {
+    format!("seats: 4\ntokens_per_sec: {decode}\nttft_ms: 1\nmemory_gb: {memory_gb}\nreply_tokens: 50\nmodels:\n{models}")
+}
+
+/// A chat for m:20b of up to 50 tokens.
+fn ask_20b() -> Value {
+    json!({"model": "m:20b", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]})
+}
+
+/// Every node polled and its loaded models measured (before that, every pair is priced at
+/// the priors' 5 tokens/s, whose waits outlast any load).
+async fn loaded_pairs_measured(gw: &Gateway) {
+    eventually("the loaded pairs measured", || async {
+        gw.fleet.nodes().iter().all(|n| {
+            let live = n.live.lock();
+            live.polled && live.measure_passed && !live.measuring
+        })
+    })
+    .await;
+}
+
 fn spare_loads(on: bool) {
     let rt = runtime();
-    let node_spec = |decode: u32, memory_gb: u32, models: &str| {
-        format!("seats: 4\ntokens_per_sec: {decode}\nttft_ms: 1\nmemory_gb: {memory_gb}\nreply_tokens: 50\nmodels:\n{models}")
-    };
     let held = "  - {name: m:20b, size_gb: 20, loaded: true}\n";
     let on_disk = "  - {name: m:20b, size_gb: 20, cold_load_ms: 1500}\n  - {name: other:7b, size_gb: 5, loaded: true}\n";
-    let busy = sim(&rt, &node_spec(100, 64, held));
-    let slow = sim(&rt, &node_spec(40, 64, held));
-    let full = sim(&rt, &node_spec(150, 25, on_disk));
-    let spare = sim(&rt, &node_spec(100, 64, on_disk));
+    let busy = sim(&rt, &four_seats(100, 64, held));
+    let slow = sim(&rt, &four_seats(40, 64, held));
+    let full = sim(&rt, &four_seats(150, 25, on_disk));
+    let spare = sim(&rt, &four_seats(100, 64, on_disk));
     let gw = Gateway::start(&format!(
         "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n    completion_spare_loads: {on}\nqueue:\n  prewarm_interval_ms: 100\n{}",
         fleet(&[
@@ -766,8 +735,7 @@ fn spare_loads(on: bool) {
             node("spare", &spare, "      memory_gb: 64\n"),
         ])
     ));
-    let ask =
-        json!({"model": "m:20b", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]});
+    let ask = ask_20b();
     let prewarms = |text: &str, node: &str| {
         let key = format!(r#"fleetgate_queue_prewarms_total{{model="m:20b",node="{node}"}} "#);
         text.lines()
@@ -775,15 +743,7 @@ fn spare_loads(on: bool) {
             .map_or(0, |v| v.trim().parse::<u32>().unwrap())
     };
     rt.block_on(async {
-        // Measured first (before that, every pair is priced at the priors' 5 tokens/s, whose
-        // waits outlast any load).
-        eventually("the loaded pairs measured", || async {
-            gw.fleet.nodes().iter().all(|n| {
-                let live = n.live.lock();
-                live.polled && live.measure_passed && !live.measuring
-            })
-        })
-        .await;
+        loaded_pairs_measured(&gw).await;
         let sent: Vec<_> = (0..6)
             .map(|_| {
                 let (url, body) = (gw.url("/v1/chat/completions"), ask.clone());

@@ -25,22 +25,19 @@ pub(super) fn next_due(st: &NodeState, now: u64, p: &ViewParams) -> Option<u64> 
     times.into_iter().flatten().filter(|t| *t > now).min()
 }
 
-/// Each node's `peer_load_gbps`: the harmonic mean of the read speeds the other nodes showed
-/// loading models. A disk is a machine's own, but a LAN fleet's are of one era; a measured
-/// neighbour is a better first guess than a constant (`completion_load_gbps`), and the node's
-/// own first load replaces it.
+/// `peer_load_gbps` of each node that has loaded nothing: the harmonic mean of the read
+/// speeds the nodes that did showed (their mean seconds per GB). A disk is a machine's own,
+/// but a LAN fleet's are of one era; a measured neighbour is a better first guess than a
+/// constant (`completion_load_gbps`), and the node's own first load replaces it.
 pub(super) fn peer_load_speeds(nodes: &mut [NodeView]) {
     let learned = |n: &NodeView| n.learned_load_gbps.filter(|g| g.is_finite() && *g > 0.0);
     let (count, per_gb) = nodes
         .iter()
         .filter_map(learned)
         .fold((0usize, 0.0), |(c, s), g| (c + 1, s + 1.0 / g));
-    for n in nodes.iter_mut() {
-        let (c, s) = match learned(n) {
-            Some(g) => (count - 1, per_gb - 1.0 / g),
-            None => (count, per_gb),
-        };
-        n.peer_load_gbps = (c > 0 && s > 0.0).then(|| c as f64 / s);
+    let mean = (count > 0).then(|| count as f64 / per_gb);
+    for n in nodes.iter_mut().filter(|n| learned(n).is_none()) {
+        n.peer_load_gbps = mean;
     }
 }
 

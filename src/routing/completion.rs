@@ -859,7 +859,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
 /// running answers long before one of them ends and teaches the rates; until then every
 /// request sent there would be priced at the old speed. A node running faster than its rates
 /// is left to them (each response teaches it at its end).
-fn pace(live: Option<LiveDecode>, spt1: f64, per_stream: f64) -> f64 {
+pub(super) fn pace(live: Option<LiveDecode>, spt1: f64, per_stream: f64) -> f64 {
     let Some(l) = live.filter(|l| l.tokens > 0.0 && l.secs.is_finite()) else {
         return 1.0;
     };
@@ -1123,6 +1123,20 @@ mod tests {
             live: None,
             node_slowdown: 1.0,
         }
+    }
+
+    /// A cold model's read time: the node's own speed, else its peers' (a node that loaded
+    /// nothing), else the prior (2 GB/s).
+    #[test]
+    fn a_cold_load_reads_at_the_nodes_speed_else_its_peers_else_the_prior() {
+        let p = Policy::default();
+        let cold = model("m", 20.0);
+        let mut n = node("n", vec![cold.clone()]);
+        assert!((read_s(&p, &n, &cold, None) - 10.0).abs() < 1e-9);
+        n.peer_load_gbps = Some(8.0);
+        assert!((read_s(&p, &n, &cold, None) - 2.5).abs() < 1e-9);
+        n.learned_load_gbps = Some(20.0);
+        assert!((read_s(&p, &n, &cold, None) - 1.0).abs() < 1e-9);
     }
 
     fn learned() -> Rates {

@@ -866,11 +866,10 @@ impl<'f> PaceCache<'f> {
 }
 
 /// How many times slower than their rates the answers of node `idx`'s other models stream now
-/// (their seconds over their tokens past the first chunk, against their own single-stream
-/// rate plus the contention at the node's decoding streams), for a pair with nothing running
-/// (`pair`: its model, load, and the node's requests in flight): a slowdown the node shows on
-/// one model is the node's. At least 1 (a node faster than its rates is left to them); 1 when
-/// the pair runs something (its own answers tell) or nothing else runs.
+/// (`completion::pace` of each, at the prior contention where none was learned; the most of
+/// them), for a pair with nothing running (`pair`: its model, load, and the node's requests
+/// in flight): a slowdown the node shows on one model is the node's. 1 when the pair runs
+/// something (its own answers tell) or nothing else runs.
 fn node_slowdown(
     policy: &super::policy::Policy,
     loads: &dyn Loads,
@@ -883,14 +882,10 @@ fn node_slowdown(
     if load.in_flight > 0 || node_in_flight <= load.in_flight {
         return 1.0;
     }
-    let (mut seen, mut expected) = (0.0, 0.0);
+    let mut slowest = 1.0_f64;
     for m in node.models.iter().filter(|m| m.loaded && m.name != name) {
-        if loads.model(idx, &m.name).in_flight == 0 {
-            continue;
-        }
-        scratch.clear();
-        let live = loads.seat_ends(idx, &m.name, now_ms, scratch);
-        let Some(l) = live.filter(|l| l.tokens > 0.0 && l.secs.is_finite()) else {
+        let other = loads.model(idx, &m.name);
+        let Some(live) = seat_ends(loads, idx, &m.name, &other, now_ms, scratch) else {
             continue;
         };
         let r = loads.rates(idx, &m.name);
@@ -899,16 +894,10 @@ fn node_slowdown(
         };
         let per_stream = r
             .decode_spt_per_stream
-            .unwrap_or(policy.completion_contention_prior * spt1)
-            .max(0.0);
-        seen += l.secs;
-        expected += (spt1 + per_stream * f64::from(l.node_decoding.max(1) - 1)) * l.tokens;
+            .unwrap_or(policy.completion_contention_prior * spt1);
+        slowest = slowest.max(completion::pace(Some(live), spt1, per_stream.max(0.0)));
     }
-    if expected > 0.0 && seen > expected {
-        seen / expected
-    } else {
-        1.0
-    }
+    slowest
 }
 
 /// Whether node `idx` prefills one prompt at a time, as its other loaded models that have

@@ -41,7 +41,7 @@ pub fn victims(
     loads: &dyn Loads,
     watched: (u64, u64),
 ) -> Vec<String> {
-    match room(policy, node, idx, model, loads, watched, true) {
+    match room(policy, node, idx, model, loads, watched) {
         Some(Room::Unload(set)) => set.into_iter().map(|m| m.name.to_string()).collect(),
         _ => Vec::new(),
     }
@@ -87,29 +87,34 @@ pub fn worth_restoring(
         return false;
     };
     let away = rates.demand_per_s(since_ms, now_ms) * read_s(policy, node, target, rates.load_s);
-    match room(policy, node, idx, model, loads, (since_ms, now_ms), true) {
+    match room(policy, node, idx, model, loads, (since_ms, now_ms)) {
         Some(Room::Fits) => true,
         Some(Room::Unload(set)) => away > set.iter().map(|m| m.cost).sum::<f64>(),
-        Some(Room::None | Room::Unknown) | None => false,
+        Some(Room::None) | None => false,
     }
 }
 
 /// A cold load of `model` on node `idx` would push out a model in use: the node's memory is
-/// known, and no set of its idle models makes room. A load nobody asked for (pre-warm) is not
-/// started then: the backend would evict a model requests are running on, or hold the load
-/// until they finish, and their next requests would bring it back, evicting this one.
-pub fn crowded(
-    policy: &Policy,
-    node: &NodeView,
-    idx: usize,
-    model: &str,
-    loads: &dyn Loads,
-    watched: (u64, u64),
-) -> bool {
-    matches!(
-        room(policy, node, idx, model, loads, watched, false),
-        Some(Room::None)
-    )
+/// known, the model does not fit, and its idle loaded models do not make room. A load nobody
+/// asked for (pre-warm) is not started then: the backend would evict a model requests run
+/// on, or hold the load until they end, and their next requests would bring it back over
+/// this one.
+pub fn crowded(node: &NodeView, idx: usize, model: &str, loads: &dyn Loads) -> bool {
+    let Some(target) = node.model(model).filter(|m| !m.loaded) else {
+        return false;
+    };
+    let need = need_gb(node, idx, target, loads);
+    need.is_finite() && need > 0.0 && idle_gb(node, idx, model, loads) < need
+}
+
+/// What node `idx`'s loaded models other than `model` that nothing runs or waits for hold.
+fn idle_gb(node: &NodeView, idx: usize, model: &str, loads: &dyn Loads) -> f64 {
+    let g = growth(node);
+    node.models
+        .iter()
+        .filter(|m| m.loaded && m.name != model && !loads.model(idx, &m.name).busy())
+        .map(|m| held_gb(m, g))
+        .sum()
 }
 
 /// What a cold load of a model needs unloaded first.
@@ -120,12 +125,9 @@ enum Room<'a> {
     Unload(Vec<Idle<'a>>),
     /// No set of idle models makes room.
     None,
-    /// The node's memory (or the model's size) is not known.
-    Unknown,
 }
 
 /// [`Room`] for a cold load of `model` on node `idx`; `None` when it is loaded or not there.
-/// `choose`: find the set to unload (else an empty `Unload` says only that one exists).
 fn room<'a>(
     policy: &Policy,
     node: &'a NodeView,
@@ -133,17 +135,19 @@ fn room<'a>(
     model: &str,
     loads: &dyn Loads,
     (since_ms, now_ms): (u64, u64),
-    choose: bool,
 ) -> Option<Room<'a>> {
     let target = node.model(model).filter(|m| !m.loaded)?;
     let busy = |name: &str| loads.model(idx, name).busy();
     let g = growth(node);
     let need = need_gb(node, idx, target, loads);
     if need.is_nan() || need.is_infinite() {
-        return Some(Room::Unknown);
+        return Some(Room::None);
     }
     if need <= 0.0 {
         return Some(Room::Fits);
+    }
+    if idle_gb(node, idx, model, loads) < need {
+        return Some(Room::None);
     }
     let idle: Vec<Idle<'_>> = node
         .models
@@ -161,12 +165,6 @@ fn room<'a>(
             }
         })
         .collect();
-    if idle.iter().map(|m| m.gb).sum::<f64>() < need {
-        return Some(Room::None);
-    }
-    if !choose {
-        return Some(Room::Unload(Vec::new()));
-    }
     let chosen = if idle.len() <= EXHAUSTIVE_UP_TO {
         cheapest_subset(&idle, need)
     } else {
@@ -415,19 +413,22 @@ mod tests {
     /// so while an idle one can, when it fits, or when the node's memory is not known.
     #[test]
     fn a_load_only_a_busy_model_could_make_room_for_is_crowded() {
-        let crowded_for = |ws: &NodeView, loads: &TableLoads| {
-            crowded(&Policy::default(), ws, 0, "coder", loads, (0, NOW))
-        };
         let mid_busy = TableLoads::default().with(0, "mid", queue(1, 0));
-        assert!(!crowded_for(&workstation(), &mid_busy), "big is idle");
+        assert!(
+            !crowded(&workstation(), 0, "coder", &mid_busy),
+            "big is idle"
+        );
         let both_busy = mid_busy.with(0, "big", queue(0, 1));
-        assert!(crowded_for(&workstation(), &both_busy));
+        assert!(crowded(&workstation(), 0, "coder", &both_busy));
         let mut roomy = workstation();
         roomy.memory_gb = 128.0;
-        assert!(!crowded_for(&roomy, &both_busy), "it fits");
+        assert!(!crowded(&roomy, 0, "coder", &both_busy), "it fits");
         let mut unknown = workstation();
         unknown.memory_gb = 0.0;
-        assert!(!crowded_for(&unknown, &both_busy), "memory not known");
+        assert!(
+            !crowded(&unknown, 0, "coder", &both_busy),
+            "memory not known"
+        );
     }
 
     #[test]

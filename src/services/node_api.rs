@@ -73,11 +73,10 @@ pub fn victims(
 ) -> Vec<String> {
     let config = fleet.config();
     let policy = &config.routing.policy;
-    match view
-        .nodes
-        .get(idx)
-        .filter(|_| chooses_evictions(fleet, idx))
-    {
+    let chooses = policy.mode == crate::routing::Mode::Completion
+        && policy.completion_choose_evictions
+        && can_manage(fleet, idx);
+    match view.nodes.get(idx).filter(|_| chooses) {
         Some(node) => crate::routing::victims(
             policy,
             node,
@@ -88,30 +87,6 @@ pub fn victims(
         ),
         None => Vec::new(),
     }
-}
-
-/// The gateway chooses what a cold load on node `idx` unloads: completion mode with
-/// `completion_choose_evictions`, on a node it manages.
-fn chooses_evictions(fleet: &Fleet, idx: usize) -> bool {
-    let policy = &fleet.config().routing.policy;
-    policy.mode == crate::routing::Mode::Completion
-        && policy.completion_choose_evictions
-        && can_manage(fleet, idx)
-}
-
-/// A cold load of `model` on node `idx` would push out a model in use there
-/// (`routing::crowded`), where the gateway chooses what goes (as [`victims`]).
-pub fn crowded(fleet: &Fleet, view: &crate::routing::FleetView, idx: usize, model: &str) -> bool {
-    let config = fleet.config();
-    let policy = &config.routing.policy;
-    let node = view
-        .nodes
-        .get(idx)
-        .filter(|_| chooses_evictions(fleet, idx));
-    node.is_some_and(|node| {
-        let watched = (fleet.watching_since_ms, super::now_ms());
-        crate::routing::crowded(policy, node, idx, model, fleet, watched)
-    })
 }
 
 /// Completion mode, before a cold load of `model` on node `idx`: unload the idle models that

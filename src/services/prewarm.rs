@@ -61,13 +61,19 @@ impl Prewarm {
                 }
                 if completion
                     && (!worth_loading(fleet, &view, idx, &model, &decision, runner_up)
-                        || node_api::crowded(fleet, &view, runner_up.node, &model))
+                        || crate::routing::crowded(
+                            &view.nodes[runner_up.node],
+                            runner_up.node,
+                            &model,
+                            &**fleet,
+                        ))
                 {
                     continue;
                 }
                 let why = format!("{model} queue on {} at {depth}", view.nodes[idx].id);
                 let room = Room::Make { for_demand: true };
-                started += usize::from(start_load(fleet, runner_up.node, &model, &why, room));
+                started +=
+                    usize::from(start_load(fleet, runner_up.node, &model, &why, room, false));
             }
         }
         if completion && fleet.config().routing.policy.completion_choose_evictions {
@@ -147,7 +153,7 @@ pub fn spare_room(
         "{model} is served sooner on {} than on {} and fits in its free memory",
         view.nodes[idx].id, winner.node_id
     );
-    start_load(fleet, idx, model, &why, Room::Free)
+    start_load(fleet, idx, model, &why, Room::Free, false)
 }
 
 /// Completion mode with `completion_measure`: the request's model (the winner's) is loaded
@@ -197,7 +203,7 @@ pub fn to_measure(
         if !empty
             || !node_api::can_manage(fleet, idx)
             || !crate::routing::fits_free(node, idx, model, &**fleet)
-            || !fleet.measure_loads.lock().insert((idx, model.clone()))
+            || fleet.ops.was_done(&load_key(idx, model))
         {
             continue;
         }
@@ -205,7 +211,7 @@ pub fn to_measure(
             "{model} is asked for and {} holds nothing: to time it",
             node.id
         );
-        started |= start_load(fleet, idx, model, &why, Room::Free);
+        started |= start_load(fleet, idx, model, &why, Room::Free, true);
     }
     started
 }
@@ -241,6 +247,7 @@ fn restore(fleet: &Arc<Fleet>, view: &FleetView) -> usize {
                 model,
                 "its users lose more while it is away",
                 Room::Make { for_demand: false },
+                false,
             )
         {
             fleet.evicted.lock().remove(&pair);
@@ -264,9 +271,17 @@ enum Room {
     Free,
 }
 
-/// Load `model` on node `idx` in the background, unless a load of it there is in progress;
-/// true when one started.
-fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, room: Room) -> bool {
+/// Load `model` on node `idx` in the background, unless a load of it there is in progress
+/// (or failed a moment ago, `Ops::RETRY_AFTER`); true when one started. `once`: recorded as
+/// done when it ends (`Ops::was_done`), so it is not started again for the same reason.
+fn start_load(
+    fleet: &Arc<Fleet>,
+    idx: usize,
+    model: &str,
+    why: &str,
+    room: Room,
+    once: bool,
+) -> bool {
     let key = load_key(idx, model);
     if !fleet.ops.start(&key) {
         return false;
@@ -285,7 +300,7 @@ fn start_load(fleet: &Arc<Fleet>, idx: usize, model: &str, why: &str, room: Room
             fleet.ops.failed(&key);
         }
         node_api::refresh(&fleet, idx).await;
-        fleet.ops.finish(&key, false);
+        fleet.ops.finish(&key, once);
     });
     true
 }
