@@ -866,8 +866,8 @@ impl<'f> PaceCache<'f> {
 }
 
 /// How many times slower than their rates the answers of node `idx`'s other models stream now
-/// (`completion::pace` of each, at the prior contention where none was learned; the most of
-/// them), for a pair with nothing running (`pair`: its model, load, and the node's requests
+/// (`completion::pace` of each, at the prior contention where none was learned; their mean
+/// by tokens streamed), for a pair with nothing running (`pair`: its model, load, and the node's requests
 /// in flight): a slowdown the node shows on one model is the node's. 1 when the pair runs
 /// something (its own answers tell) or nothing else runs.
 fn node_slowdown(
@@ -882,7 +882,7 @@ fn node_slowdown(
     if load.in_flight > 0 || node_in_flight <= load.in_flight {
         return 1.0;
     }
-    let mut slowest = 1.0_f64;
+    let (mut paced, mut tokens) = (0.0, 0.0);
     for m in node.models.iter().filter(|m| m.loaded && m.name != name) {
         let other = loads.model(idx, &m.name);
         let Some(live) = seat_ends(loads, idx, &m.name, &other, now_ms, scratch) else {
@@ -895,9 +895,14 @@ fn node_slowdown(
         let per_stream = r
             .decode_spt_per_stream
             .unwrap_or(policy.completion_contention_prior * spt1);
-        slowest = slowest.max(completion::pace(Some(live), spt1, per_stream.max(0.0)));
+        paced += completion::pace(Some(live), spt1, per_stream.max(0.0)) * live.tokens;
+        tokens += live.tokens;
     }
-    slowest
+    if tokens > 0.0 {
+        paced / tokens
+    } else {
+        1.0
+    }
 }
 
 /// Whether node `idx` prefills one prompt at a time, as its other loaded models that have
