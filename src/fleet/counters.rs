@@ -87,6 +87,9 @@ pub struct Progress {
     /// A streamed request's send and when its first token is due (ms; 0: not predicted).
     sent_ms: AtomicU64,
     due_ms: AtomicU64,
+    /// Of one whose end is not known (`END_UNKNOWN`): the answer's length it was priced at
+    /// (0: none).
+    tokens: AtomicU32,
 }
 
 /// A streamed answer is stalled when its first token is late by more than this many times its
@@ -106,6 +109,32 @@ impl Progress {
     pub fn expect_first(&self, sent_ms: u64, due_ms: u64) {
         self.sent_ms.store(sent_ms, Ordering::Relaxed);
         self.due_ms.store(due_ms.max(sent_ms), Ordering::Relaxed);
+    }
+
+    /// Its end is not known; its answer was priced at `tokens` tokens.
+    pub fn expect_tokens(&self, tokens: f64) {
+        self.tokens.store(
+            tokens.round().clamp(0.0, f64::from(u32::MAX)) as u32,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Of an answer whose end is not known, when it ends (ms) at the pace it streams, once
+    /// `LIVE_MIN_TOKENS` have streamed past its first: the rest of the tokens it was priced at,
+    /// and once past half of them as long again as it has streamed (nobody knows its length;
+    /// the longer it has run, the longer it is likely to). A 70b model's first answers, from
+    /// priors, held a node's seats for 10 s more while routing counted them free in 1.
+    fn paced_end_ms(&self, per_chunk: f64) -> Option<u64> {
+        let priced = f64::from(self.tokens.load(Ordering::Relaxed));
+        let (secs, chunks) = self.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS)?;
+        if priced <= 0.0 {
+            return None;
+        }
+        let done = f64::from(chunks) * per_chunk.max(f64::MIN_POSITIVE);
+        let left_s = (priced - done).max(done) * secs / done;
+        left_s
+            .is_finite()
+            .then(|| self.last_ms.load(Ordering::Relaxed) + (left_s * 1000.0) as u64)
     }
 
     /// When it was sent, if it is stalled at `now_ms` (see `STALL_LATE`).
@@ -175,7 +204,8 @@ impl SeatEnds {
         }
     }
 
-    /// Seconds from `now_ms` to each end (0 for one past it), pushed to `out`, each as late as
+    /// Seconds from `now_ms` to each end (0 for one past it; one predicted from priors only
+    /// once it streams, at its pace: `Progress::paced_end_ms`), pushed to `out`, each as late as
     /// its first token is or came (a request still waiting for its first token past its due
     /// time holds its seat for its whole decode after it: a seat behind a slow prefill or a
     /// queue inside the node is not counted free at the end predicted before); and what the
@@ -188,8 +218,11 @@ impl SeatEnds {
     pub fn read(&self, now_ms: u64, per_chunk: f64, out: &mut Vec<f64>) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
         for (_, end, p) in self.0.lock().iter() {
-            if *end != END_UNKNOWN {
-                let end = end.saturating_add(p.first_late_ms(now_ms));
+            let end = match *end {
+                END_UNKNOWN => p.paced_end_ms(per_chunk),
+                end => Some(end.saturating_add(p.first_late_ms(now_ms))),
+            };
+            if let Some(end) = end {
                 out.push(end.saturating_sub(now_ms) as f64 / 1000.0);
             }
             if let Some((secs, chunks)) = p.streamed().filter(|(_, t)| *t >= LIVE_MIN_TOKENS) {
@@ -565,6 +598,34 @@ mod tests {
             "its first token came 1 s late"
         );
         assert_eq!(ends(13_500), vec![0.5, 1.5]);
+    }
+
+    /// An answer whose end nobody knows (priced from priors at 200 tokens) is counted by the
+    /// pace it streams at once 16 tokens have come past its first: 40 tokens in 2 s, the 160
+    /// left take 8 s more; past half of them it is taken to run as long again as it has
+    /// (120 tokens in 6 s: 6 s more). One priced at no length, or before 16 tokens, is not
+    /// counted.
+    #[test]
+    fn an_answer_whose_end_is_unknown_ends_at_the_pace_it_streams() {
+        let c = ModelCounters::default();
+        let p = c.ends.set(1, END_UNKNOWN);
+        p.expect_tokens(200.0);
+        let unpriced = c.ends.set(2, END_UNKNOWN);
+        unpriced.chunk(1, 10_000);
+        unpriced.chunk(41, 12_000);
+        let ends = |now| {
+            let mut out = Vec::new();
+            c.ends.read(now, 1.0, &mut out);
+            out
+        };
+        p.chunk(1, 10_000);
+        p.chunk(10, 10_500);
+        assert!(ends(10_500).is_empty(), "9 tokens: too few to tell");
+        p.chunk(41, 12_000);
+        assert_eq!(ends(12_000), vec![8.0]);
+        assert_eq!(ends(13_000), vec![7.0]);
+        p.chunk(121, 16_000);
+        assert_eq!(ends(16_000), vec![6.0]);
     }
 
     /// The first cold request starts a load, a second one joins it 3 s in; once the model is in

@@ -629,6 +629,7 @@ impl Fleet {
         ViewParams {
             warmup_ms: self.config().health.warmup.as_millis() as u64,
             miss_ms: self.config().health.heartbeat_miss.as_millis() as u64,
+            shared_prior: self.config().routing.policy.completion_seats_shared_prior,
         }
     }
 

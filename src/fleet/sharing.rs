@@ -31,6 +31,24 @@ impl SeatSharing {
         self.tests >= MIN_TESTS && self.sxx > 0.0 && self.sxy >= SHARED_AT * self.sxx
     }
 
+    /// How likely the node's models share its seats: 1 or 0 once the answers decided it
+    /// (`MIN_TESTS`), before that the share of the node-wide waits its answers showed so far
+    /// (the line's slope, at most 1), with the `prior` (`completion_seats_shared_prior`)
+    /// weighed as one answer more. What routing weighs the wait for a node-wide seat by while
+    /// it does not know (`completion::Prediction::risk_s`).
+    pub fn belief(&self, prior: f64) -> f64 {
+        if self.tests >= MIN_TESTS {
+            return if self.shared() { 1.0 } else { 0.0 };
+        }
+        let n = f64::from(self.tests);
+        let slope = if self.sxx > 0.0 {
+            (self.sxy / self.sxx).clamp(0.0, 1.0)
+        } else {
+            prior
+        };
+        (n * slope + prior) / (n + 1.0)
+    }
+
     /// One answer of a request sent to the full node: `shared_wait_s` the wait for a
     /// node-wide seat routing predicted, `waited_s` how much later than its own prediction it
     /// came (first token, else its end). Taken between 0 and twice the prediction, so one
@@ -117,6 +135,28 @@ mod tests {
         assert_eq!(b.seats(), Some(4));
         assert!(!b.observe(3, 0.5, 0.0, t), "a count since surpassed");
         assert_eq!(b.seats(), Some(4));
+    }
+
+    /// Before any answer, the prior; each answer moves the odds towards what it showed, the
+    /// prior weighed as one answer; from the third the verdict is all there is.
+    #[test]
+    fn the_odds_of_shared_seats_follow_the_answers_until_they_decide() {
+        let near = |got: f64, want: f64| assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        let mut s = SeatSharing::default();
+        near(s.belief(0.2), 0.2);
+        s.observe(1.0, 1.0, 1_000);
+        near(s.belief(0.2), 0.6);
+        s.observe(1.0, 1.0, 1_100);
+        near(s.belief(0.2), 2.2 / 3.0);
+        s.observe(1.0, 0.9, 1_200);
+        near(s.belief(0.2), 1.0);
+
+        let mut own = SeatSharing::default();
+        own.observe(2.0, 0.0, 1_000);
+        near(own.belief(0.5), 0.25);
+        own.observe(2.0, 0.1, 1_100);
+        own.observe(2.0, 0.0, 1_200);
+        near(own.belief(0.5), 0.0);
     }
 
     /// Answers that waited about as long as the node-wide seat was predicted to take: shared,

@@ -6,6 +6,8 @@ use super::*;
 pub(super) struct ViewParams {
     pub(super) warmup_ms: u64,
     pub(super) miss_ms: u64,
+    /// `completion_seats_shared_prior`.
+    pub(super) shared_prior: f64,
 }
 
 /// The earliest future moment at which time alone changes this node's view.
@@ -84,7 +86,9 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
         m.not_capable = counters.map_or_else(Vec::new, |c| c.not_capable.active(now));
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
-    view.seats_shared = st.seat_sharing.lock().shared();
+    let sharing = *st.seat_sharing.lock();
+    view.seats_shared = sharing.shared();
+    view.seats_shared_p = sharing.belief(p.shared_prior);
     view.seats_seen = st.decoding.most();
     view.hides_loads = cfg.backend == crate::config::Backend::Openai;
     // A node whose seats nobody said, found to run no more than it was seen to at once: those
@@ -99,6 +103,7 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
         view.seats = seats.min(view.seats);
         view.hard_cap = cfg.hard_cap.unwrap_or(view.seats * 4).max(view.seats);
         view.seats_shared = true;
+        view.seats_shared_p = 1.0;
     }
     // Found to share its seats, the node's count is what binds: a model's own verdict, from
     // answers that could not tell the two apart, no longer prices it.

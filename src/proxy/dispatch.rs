@@ -264,7 +264,7 @@ impl Dispatch {
                     let left_s = run_s.max(0.0) + wait_s - passed_s;
                     lease.expect_end(now_ms.saturating_add((left_s * 1000.0) as u64))
                 }
-                (None, Some(_)) => lease.expect_unknown_end(),
+                (None, Some(_)) => lease.expect_unknown_end(choice.predicted_output_tokens),
                 (None, None) => {}
             }
             // A request sent to a node whose seats were all taken tests them: a late first
@@ -353,6 +353,7 @@ mod tests {
             predicted_s: None,
             predicted_run_s: None,
             predicted_first_s: None,
+            predicted_output_tokens: None,
             cached_tokens: 0,
             seat_test: None,
             idle: None,

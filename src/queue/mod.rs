@@ -124,10 +124,15 @@ impl Lease {
 
     /// The request was predicted from priors only (completion mode, at its send): no end is
     /// recorded for its seat, but its answer's pace is published like one with an end — right
-    /// after a start those answers are all there is to tell how fast a node streams.
-    pub fn expect_unknown_end(&mut self) {
+    /// after a start those answers are all there is to tell how fast a node streams — and,
+    /// with the answer's length it was priced at (`tokens`), turns into an end once it streams
+    /// (`fleet::SeatEnds::read`).
+    pub fn expect_unknown_end(&mut self, tokens: Option<f64>) {
         if self.end.is_none() {
             self.expect_end(crate::fleet::END_UNKNOWN);
+        }
+        if let (Some((_, p)), Some(t)) = (&self.end, tokens) {
+            p.expect_tokens(t);
         }
     }
 

@@ -282,7 +282,7 @@ fn an_answer_with_no_predicted_end_shows_its_pace_and_no_seat_end() {
     let n = node(4, 0, &["m"]);
     let c = n.counters("m");
     let mut a = take_now(0, &n, &c).unwrap();
-    a.expect_unknown_end();
+    a.expect_unknown_end(None);
     a.streamed(1, 10_000);
     a.streamed(41, 10_100);
     let mut ends = Vec::new();
@@ -292,6 +292,12 @@ fn an_answer_with_no_predicted_end_shows_its_pace_and_no_seat_end() {
         .expect("40 tokens in 0.1 s");
     assert_eq!((seen.secs, seen.tokens), (0.1, 40.0));
     assert!(ends.is_empty(), "no seat end from priors: {ends:?}");
+    // Priced at 100 tokens: the 60 left at the pace it streams.
+    a.expect_unknown_end(Some(100.0));
+    c.ends.read(10_100, 1.0, &mut ends);
+    assert_eq!(ends.len(), 1);
+    assert!((ends[0] - 0.15).abs() < 1e-9, "{ends:?}");
+    ends.clear();
     // Predicted later (a retry re-sent with rates): the end counts.
     a.expect_end(12_000);
     ends.clear();

@@ -94,6 +94,12 @@ pub struct Prediction {
     /// Seconds this request adds to the streams already decoding on the node (ranked with
     /// `total_s`, not part of it).
     pub imposed_s: f64,
+    /// Seconds it would wait for a seat of the node's, were its seats shared by its models,
+    /// past `wait_s`, times how likely that is while the answers have not decided it
+    /// (`NodeView::seats_shared_p`): ranked with `total_s`, not part of it (its answer is held
+    /// against the prediction without it, `SeatTest`). Without it, small requests were sent to
+    /// a node whose two seats a slow model held for 10 s more, as if each model had its own.
+    pub risk_s: f64,
     /// Requests that must leave a seat before this one runs.
     pub ahead: u32,
     /// Seconds of `wait_s` past the wait for the pair's own seats: the node is at its ceiling
@@ -153,6 +159,14 @@ pub struct Prediction {
     /// a stalled first token is told by, `fleet::Progress::stalled`).
     #[serde(skip)]
     pub first_s: f64,
+}
+
+impl Prediction {
+    /// What the pairs are ranked by: the predicted finish, what it costs the streams beside it
+    /// and what it risks on seats nobody knows are shared.
+    pub fn rank_s(&self) -> f64 {
+        self.total_s + self.imposed_s + self.risk_s
+    }
 }
 
 /// What the prediction reads about one surviving pair.
@@ -734,7 +748,8 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         seat_wait(cap, &load, x.node_ends, service_s)
             .unwrap_or(f64::from(ahead) / f64::from(cap) * service_s)
     };
-    let shared_wait_s = node_wait(node_seats);
+    let node_seat_wait_s = node_wait(node_seats);
+    let shared_wait_s = node_seat_wait_s;
     let node_wait_s = match x.node.hard_cap {
         _ if x.node.seats_shared => shared_wait_s,
         0 => 0.0,
@@ -748,6 +763,16 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     };
     let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
     let wait_s = (seat_wait_s + node_wait_s).max(prefill_queue_tokens / prefill_tps);
+    // While the answers have not said whether the node's models share its seats, the wait
+    // for a node-wide seat past `wait_s`, weighed by how likely they do (`risk_s`).
+    let risk_s = if x.node.seats_shared {
+        0.0
+    } else {
+        let shared = seat_wait_s
+            .max(node_seat_wait_s)
+            .max(prefill_queue_tokens / prefill_tps);
+        x.node.seats_shared_p.clamp(0.0, 1.0) * (shared - wait_s).max(0.0)
+    };
     let own_wait_s = (own_seat_wait_s + node_wait_s).max(wait_s);
     // The requests ahead on the pair wait for the same load (the model is not in, a request
     // holds it; or one the node hides is under way): it runs while this one waits for their
@@ -822,6 +847,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         } else {
             0.0
         },
+        risk_s: if risk_s.is_finite() { risk_s } else { 0.0 },
         ahead,
         node_wait_s,
         shared_wait_s,

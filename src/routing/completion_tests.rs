@@ -657,6 +657,35 @@ fn the_prefix_owner_keeps_what_its_node_has_shown_on_other_models() {
     assert_near(prediction.prefill_tps, 8_000.0, &prediction);
 }
 
+/// A node that answered a 2 GB model at 400 tokens/s and a 40 GB one at 40 shows how its
+/// decode slows with a model's weights (10x for 20x: an exponent of ln 10 / ln 20); a 9 GB
+/// model it has not served is priced from the fastest it showed, slowed by that much for its
+/// size (4.5x the weights), not at the 2 GB model's speed. Where no node has shown two sizes,
+/// size says nothing (a simulator may decode every model of a node alike).
+#[test]
+fn an_untried_model_is_priced_slower_by_its_size_as_the_fleet_showed() {
+    let f = fleet_of_4_seats(vec![node(
+        "ws",
+        vec![
+            loaded("small", 2.0),
+            loaded("mid", 9.0),
+            loaded("big", 40.0),
+        ],
+    )]);
+    let loads = TableLoads::default()
+        .rated(0, "small", seen(400.0))
+        .rated(0, "big", seen(40.0));
+    let d = at(&req(&["mid"], 500), &f, &loads);
+    let p = predicted(&d, 0);
+    let slower = 4.5f64.powf(10f64.ln() / 20f64.ln());
+    assert!((p.decode_tps - 400.0 / slower).abs() < 1e-6, "{p:?}");
+    assert!((p.prefill_tps - 8_000.0 / slower).abs() < 1e-6, "{p:?}");
+
+    let one_size = TableLoads::default().rated(0, "small", seen(400.0));
+    let p = predicted(&at(&req(&["mid"], 500), &f, &one_size), 0);
+    assert_near(p.decode_tps, 400.0, &p);
+}
+
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
 /// fixed overhead): it is predicted with its peers' typical rate, not the far lower prior
 /// (20 x its decode rate). With the prior, the context bench's 8k-window node was predicted
@@ -1203,6 +1232,59 @@ fn a_node_whose_models_share_its_seats_is_full_for_every_model() {
     assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
     assert_eq!(d.winner().unwrap().node_id, "workstation");
     assert!(d.ranked[0].seat_test.is_none());
+}
+
+/// While its answers have not said whether its models share its seats, a full node's wait for
+/// a node-wide seat is ranked weighed by how likely that is (`NodeView::seats_shared_p`), not
+/// added to the prediction its answer is tested against. The workstation finishes `a` in 2 s
+/// with a seat of its own, or in 5 s behind `b`'s first end; the other node in 4 s. At even
+/// odds (3.5 s ranked) the workstation is sent it, with a test; at nine in ten (4.7 s), the
+/// other node; at 0 or once the seats are known shared, as before.
+#[test]
+fn a_full_node_whose_seat_sharing_is_unknown_is_ranked_at_the_odds_of_waiting() {
+    let mut ws = node("workstation", vec![loaded("a", 4.0), loaded("b", 4.0)]);
+    ws.seats = 2;
+    ws.hard_cap = 8;
+    let mut f = fleet(vec![ws, node("other", vec![loaded("a", 4.0)])]);
+    f.nodes[1].seats = 2;
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(0, "b", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "b", queue(2, 0))
+        .ending(0, "b", &[3.0, 5.0]);
+    let r = req(&["a"], 100);
+    let at_odds = |f: &FleetView, p: f64| {
+        let mut f = f.clone();
+        f.nodes[0].seats_shared_p = p;
+        at(&r, &f, &loads)
+    };
+
+    let even = at_odds(&f, 0.5);
+    let p = predicted(&even, 0);
+    assert_near(p.wait_s, 0.0, &p);
+    assert_near(p.risk_s, 1.5, &p);
+    assert_near(p.rank_s(), p.total_s + p.imposed_s + 1.5, &p);
+    assert_eq!(even.winner().unwrap().node_id, "workstation");
+    let test = even.ranked[0]
+        .seat_test
+        .expect("sent to a full node: a test");
+    assert_near(test.first_s, p.prefill_s, &p);
+    assert_near(test.shared_wait_s, 3.0, &p);
+
+    let likely = at_odds(&f, 0.9);
+    assert_near(predicted(&likely, 0).risk_s, 2.7, &predicted(&likely, 0));
+    assert_eq!(likely.winner().unwrap().node_id, "other");
+
+    assert_near(predicted(&at_odds(&f, 0.0), 0).risk_s, 0.0, &p);
+    f.nodes[0].seats_shared = true;
+    let known = at_odds(&f, 1.0);
+    let p = predicted(&known, 0);
+    assert_near(p.wait_s, 3.0, &p);
+    assert_near(p.risk_s, 0.0, &p);
+    assert_eq!(known.winner().unwrap().node_id, "other");
+    // The other node has one model: nothing of the kind.
+    assert_near(predicted(&known, 1).risk_s, 0.0, &predicted(&known, 1));
 }
 
 /// `vllm`, whose seats nobody said (64 assumed, seen to run `seen` at once), at 100 tokens/s

@@ -7,8 +7,8 @@ use super::eliminate;
 use super::policy::Policy;
 use super::signals::{self, Pair};
 use super::types::{
-    AffinityKind, Choice, Decision, FleetView, Loads, Mode, ModelLoad, NoRoute, Rates, Reason,
-    RouteRequest, Row, SeatTest, Signals, Tier, Verdict,
+    AffinityKind, Choice, Decision, FleetView, Loads, Mode, ModelLoad, ModelView, NoRoute, Rates,
+    Reason, RouteRequest, Row, SeatTest, Signals, Tier, Verdict,
 };
 
 /// A surviving pair, kept small: the explain table holds the signals.
@@ -153,15 +153,16 @@ fn decide_once(
         })
         .collect();
 
-    // The running requests' predicted ends of the pair being predicted (refilled per pair),
-    // and of every pair of a node whose seats are all taken (refilled per node).
-    let mut ends: Vec<f64> = Vec::new();
-    let mut node_ends: Vec<f64> = Vec::new();
-    // What the other pairs of a node are predicted to end at (read for their live pace only).
-    let mut scratch: Vec<f64> = Vec::new();
-    // Completion mode: per model, the fleet's observed rates (read when an untried pair
-    // needs its node's pace, once per model).
-    let mut logs = PaceCache::default();
+    let post = Post {
+        req,
+        fleet,
+        policy,
+        loads,
+        rates: &rates,
+        peers: &peers,
+        now_ms,
+    };
+    let mut scratch = Scratch::default();
     for (idx, node) in fleet.nodes.iter().enumerate() {
         let node_in_flight = loads.node_in_flight(idx);
         // Completion mode, the node full: what runs and waits on it across its models.
@@ -230,71 +231,15 @@ fn decide_once(
                             (Verdict::Scored { signals, total }, total)
                         }
                         Mode::Completion => {
-                            let own = rates[idx * n_models + pos];
-                            let live = seat_ends(loads, idx, name, &load, now_ms, &mut ends);
-                            let node_load = *node_load.get_or_insert_with(|| {
-                                node_seats(loads, node, idx, node_in_flight, now_ms, &mut node_ends)
-                            });
-                            let prefilling = loads.node_prefilling(idx);
-                            let input = Input {
-                                req,
-                                node,
-                                model: m,
-                                load,
-                                node_in_flight,
-                                node_prefilling: prefilling,
-                                node_prefill_shared: own
-                                    .prefill_shared
-                                    .is_none()
-                                    .then(|| {
-                                        node_prefill_shared(loads, node, idx, name, prefilling)
-                                    })
-                                    .flatten(),
-                                rates: own,
-                                peer: peers[pos],
-                                node_best: None,
-                                node_pace: None,
-                                twin: twin(fleet, &rates, idx, pos, n_models),
-                                needed_tokens: needed,
-                                now_ms,
-                                seat_ends: &ends,
-                                node_load,
-                                node_ends: &node_ends,
-                                live,
-                                node_slowdown: node_slowdown(
-                                    policy,
-                                    loads,
-                                    node,
-                                    idx,
-                                    (name, &load, node_in_flight),
-                                    now_ms,
-                                    &mut scratch,
-                                ),
-                            };
-                            let input = if own.observed == 0 {
-                                let s = *shown.get_or_insert_with(|| {
-                                    node_shown(fleet, node, idx, loads, now_ms, &mut logs, None)
-                                });
-                                Input {
-                                    node_best: s.best,
-                                    node_pace: pace_for(
-                                        fleet, node, idx, loads, now_ms, &mut logs, name,
-                                    )
-                                    .or(s.pace),
-                                    ..input
-                                }
-                            } else if unmeasured(&own) {
-                                Input {
-                                    node_pace: pace_for(
-                                        fleet, node, idx, loads, now_ms, &mut logs, name,
-                                    ),
-                                    ..input
-                                }
-                            } else {
-                                input
-                            };
-                            let prediction = completion::predict(policy, &input, 0);
-                            let total = finite(-(prediction.total_s + prediction.imposed_s));
+                            let prediction = predict_pair(
+                                &post,
+                                (idx, pos),
+                                (m, load, 0),
+                                &mut node_load,
+                                &mut shown,
+                                &mut scratch,
+                            );
+                            let total = finite(-prediction.rank_s());
                             (Verdict::Predicted { prediction }, total)
                         }
                         Mode::LeastBusy | Mode::RoundRobin => {
@@ -336,15 +281,6 @@ fn decide_once(
     }
 
     let rendezvous: Vec<Option<usize>> = rendezvous.iter().map(|r| r.map(|(_, idx)| idx)).collect();
-    let post = Post {
-        req,
-        fleet,
-        policy,
-        loads,
-        rates: &rates,
-        peers: &peers,
-        now_ms,
-    };
     match policy.mode {
         Mode::Spec => add_session_affinity(&post, &rendezvous, &mut table, &mut cands),
         Mode::Completion => add_cached_prefix(
@@ -408,22 +344,13 @@ fn decide_once(
         .iter()
         .map(|c| {
             let model = &req.models[c.model];
-            // Ranked by total + imposed; reported: the request's own finish.
+            // Ranked by `Prediction::rank_s`; reported: the request's own finish.
             let node = &fleet.nodes[c.node];
-            let (predicted_s, run_s, first_s, seat_test, idle, cached_tokens) =
-                match &table[c.node * n_models + c.model].verdict {
-                    Verdict::Predicted { prediction: p } => (
-                        Some(p.total_s),
-                        (!p.from_priors).then_some(p.total_s - p.wait_s),
-                        (!p.from_priors).then_some(p.first_s),
-                        seat_test(p, node, node.model(model), c.loaded, || {
-                            loads.node_decoding(c.node)
-                        }),
-                        p.idle,
-                        p.cached_tokens,
-                    ),
-                    _ => (None, None, None, None, None, 0),
-                };
+            let prediction = match &table[c.node * n_models + c.model].verdict {
+                Verdict::Predicted { prediction } => Some(prediction),
+                _ => None,
+            };
+            let known = prediction.filter(|p| !p.from_priors);
             Choice {
                 node: c.node,
                 node_id: fleet.nodes[c.node].id.clone(),
@@ -431,12 +358,22 @@ fn decide_once(
                 score: c.total,
                 fallback: Some(model) != primary,
                 cold: !c.loaded,
-                predicted_s,
-                predicted_run_s: run_s.filter(|s| s.is_finite()),
-                predicted_first_s: first_s.filter(|s| s.is_finite()),
-                cached_tokens,
-                seat_test,
-                idle,
+                predicted_s: prediction.map(|p| p.total_s),
+                predicted_run_s: known
+                    .map(|p| p.total_s - p.wait_s)
+                    .filter(|s| s.is_finite()),
+                predicted_first_s: known.map(|p| p.first_s).filter(|s| s.is_finite()),
+                predicted_output_tokens: prediction
+                    .filter(|p| p.from_priors)
+                    .map(|p| p.output_tokens)
+                    .filter(|t| t.is_finite() && *t > 0.0),
+                cached_tokens: prediction.map_or(0, |p| p.cached_tokens),
+                seat_test: prediction.and_then(|p| {
+                    seat_test(p, node, node.model(model), c.loaded, || {
+                        loads.node_decoding(c.node)
+                    })
+                }),
+                idle: prediction.and_then(|p| p.idle),
             }
         })
         .collect();
@@ -659,95 +596,124 @@ fn predict_cached(
     table: &mut [Row],
     cands: &mut [Cand],
 ) {
-    let req = post.req;
-    let n_models = req.models.len();
-    let node = &post.fleet.nodes[idx];
-    let name = &req.models[pos];
-    let Some(model) = node.model(name) else {
+    let n_models = post.req.models.len();
+    let name = &post.req.models[pos];
+    let Some(model) = post.fleet.nodes[idx].model(name) else {
         return;
     };
     let load = post.loads.model(idx, name);
-    let rates = post.rates[idx * n_models + pos];
-    // As the first pass predicted it, the node's best for a pair it has not served
-    // included: without it the owner of an untried model was priced at priors here.
-    let mut logs = PaceCache::default();
-    let shown = (rates.observed == 0).then(|| {
-        node_shown(
-            post.fleet,
-            node,
-            idx,
-            post.loads,
-            post.now_ms,
-            &mut logs,
-            None,
-        )
-    });
-    let pace = (rates.observed == 0 || unmeasured(&rates))
-        .then(|| {
-            pace_for(
-                post.fleet,
-                node,
-                idx,
-                post.loads,
-                post.now_ms,
-                &mut logs,
-                name,
-            )
-        })
-        .flatten()
-        .or(shown.and_then(|s| s.pace));
-    let mut ends = Vec::new();
-    let live = seat_ends(post.loads, idx, name, &load, post.now_ms, &mut ends);
-    let node_in_flight = post.loads.node_in_flight(idx);
-    let mut node_ends = Vec::new();
-    let node_load = node_seats(
-        post.loads,
-        node,
-        idx,
-        node_in_flight,
-        post.now_ms,
-        &mut node_ends,
+    let prediction = predict_pair(
+        post,
+        (idx, pos),
+        (model, load, cached),
+        &mut None,
+        &mut None,
+        &mut Scratch::default(),
     );
-    let prefilling = post.loads.node_prefilling(idx);
-    let input = Input {
-        req,
-        node,
-        model,
-        load,
-        node_in_flight,
-        node_prefilling: prefilling,
-        node_prefill_shared: rates
-            .prefill_shared
-            .is_none()
-            .then(|| node_prefill_shared(post.loads, node, idx, name, prefilling))
-            .flatten(),
-        rates,
-        peer: post.peers[pos],
-        node_best: shown.and_then(|s| s.best),
-        node_pace: pace,
-        twin: twin(post.fleet, post.rates, idx, pos, n_models),
-        needed_tokens: eliminate::needed_tokens(req, node),
-        now_ms: post.now_ms,
-        seat_ends: &ends,
-        node_load,
-        node_ends: &node_ends,
-        live,
-        node_slowdown: node_slowdown(
-            post.policy,
-            post.loads,
-            node,
-            idx,
-            (name, &load, node_in_flight),
-            post.now_ms,
-            &mut Vec::new(),
-        ),
-    };
-    let prediction = completion::predict(post.policy, &input, cached);
-    let total = finite(-(prediction.total_s + prediction.imposed_s));
+    let total = finite(-prediction.rank_s());
     table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
     if let Ok(i) = cands.binary_search_by(|c| (c.node, c.model).cmp(&(idx, pos))) {
         cands[i].total = total;
     }
+}
+
+/// What one decision's predictions reuse: buffers, and what is read once for all of them.
+#[derive(Default)]
+struct Scratch<'f> {
+    /// The running requests' predicted ends of the pair being predicted (refilled per pair).
+    ends: Vec<f64>,
+    /// Of every pair of a node whose seats are all taken (refilled per node, `node_seats`).
+    node_ends: Vec<f64>,
+    /// Of the node's other pairs, read for their live pace only (`node_slowdown`).
+    others: Vec<f64>,
+    /// Per model, the fleet's observed rates (read when an untried pair needs its node's
+    /// pace, once per model).
+    logs: PaceCache<'f>,
+}
+
+/// Completion mode's prediction of pair (`idx`, model `pos`): `m` on the node, the pair's
+/// `load`, `cached` prompt tokens taken as in the node's cache. Read once per node and kept
+/// by the caller across its pairs: what runs and waits on the node across its models
+/// (`node_load`, with their ends in `scratch.node_ends`) and what it has shown on its models
+/// (`shown`, for a pair it never served). A pair never observed is priced by what its node
+/// has shown and its pace against the model's observers; one whose rates were not measured,
+/// by that pace.
+fn predict_pair<'f>(
+    post: &Post<'f>,
+    (idx, pos): (usize, usize),
+    (m, load, cached): (&ModelView, ModelLoad, u32),
+    node_load: &mut Option<ModelLoad>,
+    shown: &mut Option<Shown>,
+    scratch: &mut Scratch<'f>,
+) -> completion::Prediction {
+    let (req, fleet, loads, now_ms) = (post.req, post.fleet, post.loads, post.now_ms);
+    let n_models = req.models.len();
+    let node = &fleet.nodes[idx];
+    let name = &req.models[pos];
+    let own = post.rates[idx * n_models + pos];
+    let node_in_flight = loads.node_in_flight(idx);
+    let live = seat_ends(loads, idx, name, &load, now_ms, &mut scratch.ends);
+    let node_load = *node_load.get_or_insert_with(|| {
+        node_seats(
+            loads,
+            node,
+            idx,
+            node_in_flight,
+            now_ms,
+            &mut scratch.node_ends,
+        )
+    });
+    let prefilling = loads.node_prefilling(idx);
+    let (node_best, node_pace) = if own.observed == 0 {
+        let s = *shown.get_or_insert_with(|| {
+            node_shown(fleet, node, idx, loads, now_ms, &mut scratch.logs, None)
+        });
+        let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
+        let best = match s.best {
+            Some(_) => s.at_size(m.size_gb, scratch.logs.size_exponent(fleet, loads)),
+            None => None,
+        };
+        (best, pace.or(s.pace))
+    } else if unmeasured(&own) {
+        let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
+        (None, pace)
+    } else {
+        (None, None)
+    };
+    let input = Input {
+        req,
+        node,
+        model: m,
+        load,
+        node_in_flight,
+        node_prefilling: prefilling,
+        node_prefill_shared: own
+            .prefill_shared
+            .is_none()
+            .then(|| node_prefill_shared(loads, node, idx, name, prefilling))
+            .flatten(),
+        rates: own,
+        peer: post.peers[pos],
+        node_best,
+        node_pace,
+        twin: twin(fleet, post.rates, idx, pos, n_models),
+        needed_tokens: eliminate::needed_tokens(req, node),
+        now_ms,
+        seat_ends: &scratch.ends,
+        node_load,
+        node_ends: &scratch.node_ends,
+        live,
+        node_slowdown: node_slowdown(
+            post.policy,
+            loads,
+            node,
+            idx,
+            (name, &load, node_in_flight),
+            now_ms,
+            &mut scratch.others,
+        ),
+    };
+    completion::predict(post.policy, &input, cached)
 }
 
 /// Signal 8: the rendezvous node of each candidate model, when it survived, gets
@@ -788,9 +754,33 @@ struct Shown {
     /// streaming at 400 tokens/s, lost its first small requests to laptops at 100 because both
     /// were priors.
     best: Option<Rates>,
+    /// The weights (GB) of the models that showed `best`'s decode and prefill (0: unknown).
+    best_gb: (f64, f64),
     /// How much slower than the fleet it was on the models it served or streams now
     /// (`completion::NodePace`).
     pace: Option<completion::NodePace>,
+}
+
+impl Shown {
+    /// `best` for a model of `gb` GB: one larger than the model that showed a rate is slower
+    /// by their sizes' ratio to the power `exponent` (`PaceCache::size_exponent`: a token
+    /// reads every weight once, 1 where bandwidth is all; an untried 14b priced at its node's
+    /// 3b speed took 10 s where 3 were predicted); a smaller one is taken as no faster (the
+    /// overheads do not shrink with it). Unknown sizes: as shown.
+    fn at_size(&self, gb: f64, exponent: f64) -> Option<Rates> {
+        let ratio = |from: f64| {
+            if from > 0.0 && gb > from {
+                (gb / from).powf(exponent)
+            } else {
+                1.0
+            }
+        };
+        self.best.map(|b| Rates {
+            decode_spt: b.decode_spt.map(|spt| spt * ratio(self.best_gb.0)),
+            prefill_tps: b.prefill_tps.map(|tps| tps / ratio(self.best_gb.1)),
+            ..b
+        })
+    }
 }
 
 /// What the paces of one decision read, filled as needed and shared across its nodes: per
@@ -802,9 +792,57 @@ struct PaceCache<'f> {
     observed: Vec<(&'f str, Vec<bool>)>,
     /// Per (model, model it is read against: None for the whole fleet), the sums.
     sums: Vec<(&'f str, Option<&'f str>, completion::LogRates)>,
+    /// `size_exponent`, once read.
+    size_exponent: Option<f64>,
 }
 
 impl<'f> PaceCache<'f> {
+    /// How a node's decode slows with a model's weights, learned from the nodes that answered
+    /// models of different sizes: per such node the slope of the log of its seconds per token
+    /// against the log of the models' GB, their mean, between 0 and 1 (a token reads every
+    /// weight once: at most in proportion; overheads that do not grow with the model make it
+    /// less). 0 until some node showed it: a model's size alone then says nothing of its speed
+    /// (servers and simulators that decode every model of a node alike exist).
+    fn size_exponent(&mut self, fleet: &FleetView, loads: &dyn Loads) -> f64 {
+        if let Some(e) = self.size_exponent {
+            return e;
+        }
+        let (mut slopes, mut nodes) = (0.0, 0u32);
+        for (j, node) in fleet
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.models.len() > 1)
+        {
+            let points = node
+                .models
+                .iter()
+                .filter(|m| m.size_gb > 0.0)
+                .filter_map(|m| {
+                    let r = loads.rates(j, &m.name);
+                    let spt = r.decode_spt.filter(|s| *s > 0.0 && s.is_finite());
+                    spt.filter(|_| r.observed > 0)
+                        .map(|spt| (m.size_gb.ln(), spt.ln()))
+                });
+            let (mut n, mut sx, mut sy, mut sxx, mut sxy) = (0.0f64, 0.0, 0.0, 0.0, 0.0);
+            for (x, y) in points {
+                (n, sx, sy, sxx, sxy) = (n + 1.0, sx + x, sy + y, sxx + x * x, sxy + x * y);
+            }
+            let var = sxx - sx * sx / n.max(1.0);
+            if n >= 2.0 && var > 1e-9 {
+                slopes += (sxy - sx * sy / n) / var;
+                nodes += 1;
+            }
+        }
+        let e = if nodes > 0 {
+            (slopes / f64::from(nodes)).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self.size_exponent = Some(e);
+        e
+    }
+
     /// Index into `observed` of `model` (None: no node lists it).
     fn observers(&mut self, fleet: &'f FleetView, loads: &dyn Loads, model: &str) -> Option<usize> {
         if let Some(at) = self.observed.iter().position(|(m, _)| *m == model) {
@@ -943,6 +981,19 @@ fn node_shown<'f>(
     against: Option<&str>,
 ) -> Shown {
     let mut best: Option<Rates> = None;
+    let mut best_gb = (0.0, 0.0);
+    // Keep `seen` (of a model of `gb`) where it beats what `best` holds.
+    let mut keep = |seen: Rates, gb: f64| {
+        let b = best.get_or_insert(Rates::default());
+        let decode = completion::better(b.decode_spt, seen.decode_spt, f64::min);
+        if decode != b.decode_spt {
+            (b.decode_spt, best_gb.0) = (decode, gb);
+        }
+        let prefill = completion::better(b.prefill_tps, seen.prefill_tps, f64::max);
+        if prefill != b.prefill_tps {
+            (b.prefill_tps, best_gb.1) = (prefill, gb);
+        }
+    };
     let mut served = Vec::new();
     let mut ends = Vec::new();
     // Its own rates are among the sums when it answered the models read against.
@@ -950,30 +1001,27 @@ fn node_shown<'f>(
     for m in &node.models {
         let r = loads.rates(idx, &m.name);
         if r.observed > 0 {
-            let b = best.get_or_insert(Rates::default());
-            b.prefill_tps = completion::better(b.prefill_tps, r.prefill_tps, f64::max);
-            b.decode_spt = completion::better(b.decode_spt, r.decode_spt, f64::min);
+            keep(r, m.size_gb);
             served.push((r, logs.sums(fleet, loads, &m.name, against), counted));
         }
         let load = loads.model(idx, &m.name);
         let live = seat_ends(loads, idx, &m.name, &load, now_ms, &mut ends)
             .filter(|l| l.tokens > 0.0 && l.secs > 0.0);
         if let Some(l) = live {
-            let spt = l.secs / l.tokens;
-            let b = best.get_or_insert(Rates::default());
-            b.decode_spt = completion::better(b.decode_spt, Some(spt), f64::min);
             // Not answered yet, streaming: its pace so far says how fast the node decodes.
+            let streaming = Rates {
+                decode_spt: Some(l.secs / l.tokens),
+                ..Rates::default()
+            };
+            keep(streaming, m.size_gb);
             if r.observed == 0 {
-                let streaming = Rates {
-                    decode_spt: Some(spt),
-                    ..Rates::default()
-                };
                 served.push((streaming, logs.sums(fleet, loads, &m.name, against), false));
             }
         }
     }
     Shown {
         best,
+        best_gb,
         pace: completion::node_pace(served),
     }
 }

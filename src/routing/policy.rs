@@ -140,6 +140,13 @@ pub struct Policy {
     /// fast as an idle one, and a 2 % difference in a rate learned from two responses sent a
     /// 41k-token prompt to the busy one.
     pub completion_contention_prior: f64,
+    /// How likely a node's models are taken to share its seats until its answers say
+    /// (`fleet::SeatSharing::belief`): the wait for a node-wide seat is ranked weighed by it
+    /// (`completion::Prediction::risk_s`). Ollama keeps each loaded model's own seats
+    /// (`OLLAMA_NUM_PARALLEL` is per model), which a node of several models most likely is; a
+    /// server with one queue for all its models is the exception, but sending a small request
+    /// behind a 70b model's 10 s answers costs more than the little this gives up.
+    pub completion_seats_shared_prior: f64,
     /// A pair not observed for this long is explored: its compute terms are multiplied by
     /// `completion_explore_factor`, so a node slow once is tried again; one never observed
     /// is, once its model has been served this long (until then it is a typical node).
@@ -247,6 +254,7 @@ impl Default for Policy {
             completion_prefill_per_decode: 20.0,
             completion_prior_model_gb: 8.0,
             completion_contention_prior: 0.03,
+            completion_seats_shared_prior: 0.2,
             completion_explore_after_s: 60,
             completion_explore_factor: 0.5,
             completion_keep_alive_s: 300,
@@ -384,6 +392,13 @@ impl Policy {
             c,
             c.is_finite() && c >= 0.0,
             "a finite number >= 0",
+        )?;
+        let s = self.completion_seats_shared_prior;
+        check(
+            "completion_seats_shared_prior",
+            s,
+            (0.0..=1.0).contains(&s),
+            "a number in [0, 1]",
         )?;
         let f = self.completion_explore_factor;
         check(

@@ -166,6 +166,11 @@ pub struct NodeView {
     /// single queue keeps), not each model's own (Ollama's `OLLAMA_NUM_PARALLEL`): learned
     /// from the requests sent while they were all taken (`fleet::sharing`).
     pub seats_shared: bool,
+    /// How likely its models share its seats while its answers have not decided it
+    /// (`fleet::SeatSharing::belief`): 1 once they are shared, 0 once each model was found to
+    /// have its own; what the wait for a node-wide seat is weighed by
+    /// (`completion::Prediction::risk_s`).
+    pub seats_shared_p: f64,
     /// Nobody said how many seats it has (no `capacity`, the backend reports none): a batching
     /// server's default is assumed until answers show it runs no more than `seats_seen` at
     /// once (`fleet::sharing`); then those are its seats, shared by its models.
@@ -586,6 +591,10 @@ pub struct Choice {
     /// (`LiveDecode::stalled_since_ms`).
     #[serde(skip)]
     pub predicted_first_s: Option<f64>,
+    /// Completion mode, predicted from priors only (no end recorded for its seat): the
+    /// answer's length it was priced at, which the pace it streams at turns into an end
+    /// (`fleet::SeatEnds::read`).
+    pub predicted_output_tokens: Option<f64>,
     /// Completion mode: the prompt tokens its prediction took as cached on the node (a
     /// conversation's prefix, a shared system prompt; 0 otherwise).
     pub cached_tokens: u32,
