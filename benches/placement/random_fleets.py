@@ -123,6 +123,9 @@ def scenario(rng, i, ollama_seats=False):
 def main():
     args = [a for a in sys.argv[1:] if a != "--ollama-seats"]
     ollama_seats = len(args) < len(sys.argv) - 1
+    if not args or args[0].startswith("-"):
+        print(__doc__)
+        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
     out_dir = args[0]
     count = int(args[1]) if len(args) > 1 else 8
     rng = random.Random(int(args[2]) if len(args) > 2 else 2026)

@@ -90,6 +90,13 @@ impl SeatBound {
         (self.seats > 0 && self.line.shared()).then_some(self.seats)
     }
 
+    /// How likely it runs no more at once than the count its answers are tested against, as
+    /// [`SeatSharing::belief`]: on a node whose seats nobody said, what "its models share its
+    /// seats" means (they are then that count, the node's).
+    pub fn belief(&self, prior: f64) -> f64 {
+        self.line.belief(prior)
+    }
+
     /// One answer of a request sent while the node ran `seats` at once; as
     /// [`SeatSharing::observe`]. Returns whether the verdict changed.
     pub fn observe(&mut self, seats: u32, wait_s: f64, waited_s: f64, now_ms: u64) -> bool {

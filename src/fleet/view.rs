@@ -86,9 +86,14 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
         m.not_capable = counters.map_or_else(Vec::new, |c| c.not_capable.active(now));
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
-    let sharing = *st.seat_sharing.lock();
-    view.seats_shared = sharing.shared();
-    view.seats_shared_p = sharing.belief(p.shared_prior);
+    view.seats_shared = st.seat_sharing.lock().shared();
+    // A node whose seats nobody said is tested against the count it was seen to run at once
+    // (`SeatBound`), one with known seats against them (`SeatSharing`).
+    view.seats_shared_p = if view.seats_assumed {
+        st.seat_bound.lock().belief(p.shared_prior)
+    } else {
+        st.seat_sharing.lock().belief(p.shared_prior)
+    };
     view.seats_seen = st.decoding.most();
     view.hides_loads = cfg.backend == crate::config::Backend::Openai;
     // A node whose seats nobody said, found to run no more than it was seen to at once: those

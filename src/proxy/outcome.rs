@@ -330,6 +330,14 @@ fn learn(
         } else {
             &node.seat_bound
         };
+        // The odds routing ranks the node's full seats at (`NodeView::seats_shared_p`) move with
+        // every answer until the line decides: routing sees them at once.
+        let prior = fleet.config().routing.policy.completion_seats_shared_prior;
+        let odds = || match t.bound {
+            true => bound.lock().belief(prior),
+            false => node.seat_sharing.lock().belief(prior),
+        };
+        let before = odds();
         let flipped = if t.bound {
             bound.lock().observe(t.seats, wait, waited, now)
         } else {
@@ -337,6 +345,7 @@ fn learn(
                 .lock()
                 .observe(t.shared_wait_s, waited, now)
         };
+        let moved = !t.own && odds() != before;
         if flipped {
             if t.bound {
                 let whose = if t.own {
@@ -361,6 +370,8 @@ fn learn(
                     if yes { "share" } else { "do not share" }
                 );
             }
+        }
+        if flipped || moved {
             fleet.publish();
         }
     }

@@ -748,8 +748,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         seat_wait(cap, &load, x.node_ends, service_s)
             .unwrap_or(f64::from(ahead) / f64::from(cap) * service_s)
     };
-    let node_seat_wait_s = node_wait(node_seats);
-    let shared_wait_s = node_seat_wait_s;
+    let shared_wait_s = node_wait(node_seats);
     let node_wait_s = match x.node.hard_cap {
         _ if x.node.seats_shared => shared_wait_s,
         0 => 0.0,
@@ -764,12 +763,14 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     let node_wait_s = (node_wait_s - seat_wait_s).max(0.0);
     let wait_s = (seat_wait_s + node_wait_s).max(prefill_queue_tokens / prefill_tps);
     // While the answers have not said whether the node's models share its seats, the wait
-    // for a node-wide seat past `wait_s`, weighed by how likely they do (`risk_s`).
-    let risk_s = if x.node.seats_shared {
+    // for a node-wide seat past `wait_s` (as its answer is tested against), weighed by how
+    // likely they do (`risk_s`); none where nothing of another model runs.
+    let others_run = x.node.models.len() > 1 && x.node_in_flight > x.load.in_flight;
+    let risk_s = if x.node.seats_shared || !others_run {
         0.0
     } else {
         let shared = seat_wait_s
-            .max(node_seat_wait_s)
+            .max(shared_wait_s)
             .max(prefill_queue_tokens / prefill_tps);
         x.node.seats_shared_p.clamp(0.0, 1.0) * (shared - wait_s).max(0.0)
     };

@@ -1283,8 +1283,18 @@ fn a_full_node_whose_seat_sharing_is_unknown_is_ranked_at_the_odds_of_waiting() 
     assert_near(p.wait_s, 3.0, &p);
     assert_near(p.risk_s, 0.0, &p);
     assert_eq!(known.winner().unwrap().node_id, "other");
-    // The other node has one model: nothing of the kind.
-    assert_near(predicted(&known, 1).risk_s, 0.0, &predicted(&known, 1));
+    // Nothing of another model runs (three of `a`, on two seats, one of unknown end): nothing
+    // of the kind, however the node-wide wait is reckoned.
+    let own_only = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "a", queue(3, 0))
+        .ending(0, "a", &[3.0, 5.0]);
+    let mut f = f.clone();
+    f.nodes[0].seats_shared = false;
+    f.nodes[0].seats_shared_p = 0.5;
+    let p = predicted(&at(&r, &f, &own_only), 0);
+    assert_near(p.risk_s, 0.0, &p);
 }
 
 /// `vllm`, whose seats nobody said (64 assumed, seen to run `seen` at once), at 100 tokens/s

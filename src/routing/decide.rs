@@ -234,7 +234,7 @@ fn decide_once(
                             let prediction = predict_pair(
                                 &post,
                                 (idx, pos),
-                                (m, load, 0),
+                                (m, load, node_in_flight, 0),
                                 &mut node_load,
                                 &mut shown,
                                 &mut scratch,
@@ -602,10 +602,11 @@ fn predict_cached(
         return;
     };
     let load = post.loads.model(idx, name);
+    let node_in_flight = post.loads.node_in_flight(idx);
     let prediction = predict_pair(
         post,
         (idx, pos),
-        (model, load, cached),
+        (model, load, node_in_flight, cached),
         &mut None,
         &mut None,
         &mut Scratch::default(),
@@ -632,7 +633,7 @@ struct Scratch<'f> {
 }
 
 /// Completion mode's prediction of pair (`idx`, model `pos`): `m` on the node, the pair's
-/// `load`, `cached` prompt tokens taken as in the node's cache. Read once per node and kept
+/// `load`, the node's requests in flight, `cached` prompt tokens taken as in the node's cache. Read once per node and kept
 /// by the caller across its pairs: what runs and waits on the node across its models
 /// (`node_load`, with their ends in `scratch.node_ends`) and what it has shown on its models
 /// (`shown`, for a pair it never served). A pair never observed is priced by what its node
@@ -641,7 +642,7 @@ struct Scratch<'f> {
 fn predict_pair<'f>(
     post: &Post<'f>,
     (idx, pos): (usize, usize),
-    (m, load, cached): (&ModelView, ModelLoad, u32),
+    (m, load, node_in_flight, cached): (&ModelView, ModelLoad, u32, u32),
     node_load: &mut Option<ModelLoad>,
     shown: &mut Option<Shown>,
     scratch: &mut Scratch<'f>,
@@ -651,7 +652,6 @@ fn predict_pair<'f>(
     let node = &fleet.nodes[idx];
     let name = &req.models[pos];
     let own = post.rates[idx * n_models + pos];
-    let node_in_flight = loads.node_in_flight(idx);
     let live = seat_ends(loads, idx, name, &load, now_ms, &mut scratch.ends);
     let node_load = *node_load.get_or_insert_with(|| {
         node_seats(
@@ -797,7 +797,8 @@ struct PaceCache<'f> {
 }
 
 impl<'f> PaceCache<'f> {
-    /// How a node's decode slows with a model's weights, learned from the nodes that answered
+    /// How a node's decode slows with a model's weights (its prefill is taken to slow alike: it
+    /// computes over every weight), learned from the nodes that answered
     /// models of different sizes: per such node the slope of the log of its seconds per token
     /// against the log of the models' GB, their mean, between 0 and 1 (a token reads every
     /// weight once: at most in proportion; overheads that do not grow with the model make it

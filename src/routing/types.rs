@@ -594,6 +594,7 @@ pub struct Choice {
     /// Completion mode, predicted from priors only (no end recorded for its seat): the
     /// answer's length it was priced at, which the pace it streams at turns into an end
     /// (`fleet::SeatEnds::read`).
+    #[serde(skip)]
     pub predicted_output_tokens: Option<f64>,
     /// Completion mode: the prompt tokens its prediction took as cached on the node (a
     /// conversation's prefix, a shared system prompt; 0 otherwise).
