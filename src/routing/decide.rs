@@ -288,8 +288,8 @@ fn decide_once(
             &rendezvous,
             cached_on,
             &shared_on,
-            &mut table,
-            &mut cands,
+            (&mut table, &mut cands),
+            &mut scratch,
         ),
         Mode::LeastBusy | Mode::RoundRobin => take_turns(req.seq, n_models, &mut cands),
     }
@@ -540,13 +540,13 @@ struct Post<'a> {
 /// on the nodes that last served it (`shared_on`, the primary model only: what they served
 /// was that model): those with a seat free now are predicted again with
 /// `shared_prefix_tokens` (or the larger credit of the two) taken as cached.
-fn add_cached_prefix(
-    post: &Post<'_>,
+fn add_cached_prefix<'f>(
+    post: &Post<'f>,
     rendezvous: &[Option<usize>],
     cached_on: Option<usize>,
     shared_on: &[usize],
-    table: &mut [Row],
-    cands: &mut [Cand],
+    (table, cands): (&mut [Row], &mut [Cand]),
+    scratch: &mut Scratch<'f>,
 ) {
     let req = post.req;
     let conversation = req.cached_prefix_tokens > 0 && affinity::request_key(req).is_some();
@@ -577,24 +577,26 @@ fn add_cached_prefix(
             } else {
                 req.cached_prefix_tokens
             };
-            predict_cached(post, idx, pos, tokens, table, cands);
+            predict_cached(post, (idx, pos), tokens, (table, cands), scratch);
         }
         for &idx in shared {
             if Some(idx) != credited && req.shared_prefix_tokens > 0 && free(table, idx) {
-                predict_cached(post, idx, pos, req.shared_prefix_tokens, table, cands);
+                let tokens = req.shared_prefix_tokens;
+                predict_cached(post, (idx, pos), tokens, (table, cands), scratch);
             }
         }
     }
 }
 
-/// The pair (`idx`, model `pos`) predicted again with `cached` prompt tokens in its cache.
-fn predict_cached(
-    post: &Post<'_>,
-    idx: usize,
-    pos: usize,
+/// The pair (`idx`, model `pos`) predicted again with `cached` prompt tokens in its cache,
+/// with what the first pass read of the fleet's rates (`scratch.logs`); the node's load and
+/// what it has shown are read afresh.
+fn predict_cached<'f>(
+    post: &Post<'f>,
+    (idx, pos): (usize, usize),
     cached: u32,
-    table: &mut [Row],
-    cands: &mut [Cand],
+    (table, cands): (&mut [Row], &mut [Cand]),
+    scratch: &mut Scratch<'f>,
 ) {
     let n_models = post.req.models.len();
     let name = &post.req.models[pos];
@@ -609,7 +611,7 @@ fn predict_cached(
         (model, load, node_in_flight, cached),
         &mut None,
         &mut None,
-        &mut Scratch::default(),
+        scratch,
     );
     let total = finite(-prediction.rank_s());
     table[idx * n_models + pos].verdict = Verdict::Predicted { prediction };
