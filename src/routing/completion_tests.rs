@@ -1184,6 +1184,23 @@ fn a_reload_for_a_larger_window_is_not_hidden_by_the_seat_wait() {
     assert_near(p.load_s, 5.0, &p);
 }
 
+/// A workstation of two seats serving `a` and `b`, both taken by `b` (ending in 3 and 5 s), at
+/// 100 tokens/s; `other`, idle, two seats, `a` at 50: 200 output tokens take 2 s and 4 s.
+fn workstation_full_of_b() -> (FleetView, TableLoads) {
+    let mut ws = node("workstation", vec![loaded("a", 4.0), loaded("b", 4.0)]);
+    ws.seats = 2;
+    ws.hard_cap = 8;
+    let mut f = fleet(vec![ws, node("other", vec![loaded("a", 4.0)])]);
+    f.nodes[1].seats = 2;
+    let loads = TableLoads::default()
+        .rated(0, "a", seen(100.0))
+        .rated(0, "b", seen(100.0))
+        .rated(1, "a", seen(50.0))
+        .with(0, "b", queue(2, 0))
+        .ending(0, "b", &[3.0, 5.0]);
+    (f, loads)
+}
+
 /// A node whose models share its seats (learned): a request for a model with no request of
 /// its own there still waits for the node's running requests of the other model to free a
 /// seat, and goes to a slower idle node that finishes it first. Believed to be each model's
@@ -1191,19 +1208,7 @@ fn a_reload_for_a_larger_window_is_not_hidden_by_the_seat_wait() {
 /// belief with its answer (`SeatTest`).
 #[test]
 fn a_node_whose_models_share_its_seats_is_full_for_every_model() {
-    let mut ws = node("workstation", vec![loaded("a", 4.0), loaded("b", 4.0)]);
-    ws.seats = 2;
-    ws.hard_cap = 8;
-    let other = node("other", vec![loaded("a", 4.0)]);
-    let mut f = fleet(vec![ws, other]);
-    f.nodes[1].seats = 2;
-    // 100 tokens/s on the workstation, 50 on the other: 200 output tokens take 2 s and 4 s.
-    let loads = TableLoads::default()
-        .rated(0, "a", seen(100.0))
-        .rated(0, "b", seen(100.0))
-        .rated(1, "a", seen(50.0))
-        .with(0, "b", queue(2, 0))
-        .ending(0, "b", &[3.0, 5.0]);
+    let (mut f, loads) = workstation_full_of_b();
     let r = req(&["a"], 100);
     let own = at(&r, &f, &loads);
     let p = predicted(&own, 0);
@@ -1242,17 +1247,7 @@ fn a_node_whose_models_share_its_seats_is_full_for_every_model() {
 /// other node; at 0 or once the seats are known shared, as before.
 #[test]
 fn a_full_node_whose_seat_sharing_is_unknown_is_ranked_at_the_odds_of_waiting() {
-    let mut ws = node("workstation", vec![loaded("a", 4.0), loaded("b", 4.0)]);
-    ws.seats = 2;
-    ws.hard_cap = 8;
-    let mut f = fleet(vec![ws, node("other", vec![loaded("a", 4.0)])]);
-    f.nodes[1].seats = 2;
-    let loads = TableLoads::default()
-        .rated(0, "a", seen(100.0))
-        .rated(0, "b", seen(100.0))
-        .rated(1, "a", seen(50.0))
-        .with(0, "b", queue(2, 0))
-        .ending(0, "b", &[3.0, 5.0]);
+    let (mut f, loads) = workstation_full_of_b();
     let r = req(&["a"], 100);
     let at_odds = |f: &FleetView, p: f64| {
         let mut f = f.clone();
