@@ -334,3 +334,72 @@ fn a_models_own_seats_behind_a_url_are_found_from_the_streams_that_waited_for_th
         }
     });
 }
+
+/// `shared`: a:1b fast and b:70b at a twentieth of the speed, on two seats its models share
+/// (the sim's single queue); `other`: a:1b at a fifth of `shared`'s speed.
+const SLOW_B: &str = "seats: 2\ntokens_per_sec: 1000\nttft_ms: 20\nmemory_gb: 64\nreply_tokens: 400\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n  - {name: b:70b, size_gb: 40, loaded: true, speed: 0.05}\n";
+const FIFTH: &str = "seats: 2\ntokens_per_sec: 200\nttft_ms: 20\nmemory_gb: 64\nreply_tokens: 400\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n";
+
+/// One chat of `model` for `max_tokens`, pinned to `pin` if given: the node that served it.
+async fn served_by(gw: &Gateway, model: &str, max_tokens: u32, pin: Option<&str>) -> String {
+    let body = json!({"model": model, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let mut req = client().post(gw.url("/v1/chat/completions")).json(&body);
+    if let Some(p) = pin {
+        req = req.header("X-Fleet-Pin-Node", p);
+    }
+    let r = req.send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    r.headers()["x-fleet-node"].to_str().unwrap().to_string()
+}
+
+/// Where a short a:1b request goes while two long b:70b answers hold `shared`'s two seats,
+/// nothing yet having said whether its models share them, with `prior` the odds they do.
+fn small_request_beside_a_slow_model(prior: f64) -> String {
+    let rt = runtime();
+    let shared_sim = sim(&rt, SLOW_B);
+    let other_sim = sim(&rt, FIFTH);
+    let gw = Gateway::start(&format!(
+        "routing:\n  policy:\n    completion_seats_shared_prior: {prior}\n{}",
+        fleet(&[
+            node("shared", &shared_sim, "      capacity: 2\n"),
+            node("other", &other_sim, "      capacity: 2\n"),
+        ])
+    ));
+    let ctl = shared_sim.control();
+    rt.block_on(async {
+        // Rates for every pair: a:1b on both nodes, b:70b (50 tokens/s) on `shared`.
+        for _ in 0..2 {
+            served_by(&gw, "a:1b", 20, Some("shared")).await;
+            served_by(&gw, "a:1b", 20, Some("other")).await;
+            served_by(&gw, "b:70b", 20, None).await;
+        }
+        let body = json!({"model": "b:70b", "max_tokens": 150,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let long: Vec<_> = (0..2)
+            .map(|_| {
+                let (url, body) = (gw.url("/v1/chat/completions"), body.clone());
+                tokio::spawn(async move { client().post(url).json(&body).send().await })
+            })
+            .collect();
+        eventually("both seats held by b:70b", || async {
+            ctl.stats().in_flight == 2
+        })
+        .await;
+        let node = served_by(&gw, "a:1b", 20, None).await;
+        for r in long {
+            assert_eq!(r.await.unwrap().expect("send").status(), 200);
+        }
+        node
+    })
+}
+
+/// With its seats' sharing unknown, the node's two seats held for 3 s more by a slow model: at
+/// the default odds (0.2) the 0.6 s that would cost outweighs the 0.1 s the slower node
+/// adds, and the request goes there; taken for each model's own (odds 0), to the full node,
+/// where the sim makes it wait for a seat.
+#[test]
+fn a_short_request_is_not_sent_behind_a_slow_models_answers_on_a_bet() {
+    assert_eq!(small_request_beside_a_slow_model(0.2), "other");
+    assert_eq!(small_request_beside_a_slow_model(0.0), "shared");
+}
