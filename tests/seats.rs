@@ -340,8 +340,15 @@ fn a_models_own_seats_behind_a_url_are_found_from_the_streams_that_waited_for_th
 const SLOW_B: &str = "seats: 2\ntokens_per_sec: 1000\nttft_ms: 20\nmemory_gb: 64\nreply_tokens: 400\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n  - {name: b:70b, size_gb: 40, loaded: true, speed: 0.05}\n";
 const FIFTH: &str = "seats: 2\ntokens_per_sec: 200\nttft_ms: 20\nmemory_gb: 64\nreply_tokens: 400\nmodels:\n  - {name: a:1b, size_gb: 1, loaded: true}\n";
 
-/// One chat of `model` for `max_tokens`, pinned to `pin` if given: the node that served it.
-async fn served_by(gw: &Gateway, model: &str, max_tokens: u32, pin: Option<&str>) -> String {
+/// One chat of `model` for `max_tokens`, pinned to `pin` if given: the node that served it,
+/// and how long the client waited.
+async fn served_by(
+    gw: &Gateway,
+    model: &str,
+    max_tokens: u32,
+    pin: Option<&str>,
+) -> (String, std::time::Duration) {
+    let started = std::time::Instant::now();
     let body = json!({"model": model, "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": "hi"}]});
     let mut req = client().post(gw.url("/v1/chat/completions")).json(&body);
@@ -350,12 +357,15 @@ async fn served_by(gw: &Gateway, model: &str, max_tokens: u32, pin: Option<&str>
     }
     let r = req.send().await.expect("send");
     assert_eq!(r.status(), 200);
-    r.headers()["x-fleet-node"].to_str().unwrap().to_string()
+    let node = r.headers()["x-fleet-node"].to_str().unwrap().to_string();
+    r.bytes().await.expect("body");
+    (node, started.elapsed())
 }
 
 /// Where a short a:1b request goes while two long b:70b answers hold `shared`'s two seats,
-/// nothing yet having said whether its models share them, with `prior` the odds they do.
-fn small_request_beside_a_slow_model(prior: f64) -> String {
+/// nothing yet having said whether its models share them, with `prior` the odds they do; and
+/// how long it took.
+fn small_request_beside_a_slow_model(prior: f64) -> (String, std::time::Duration) {
     let rt = runtime();
     let shared_sim = sim(&rt, SLOW_B);
     let other_sim = sim(&rt, FIFTH);
@@ -386,20 +396,24 @@ fn small_request_beside_a_slow_model(prior: f64) -> String {
             ctl.stats().in_flight == 2
         })
         .await;
-        let node = served_by(&gw, "a:1b", 20, None).await;
+        let short = served_by(&gw, "a:1b", 20, None).await;
         for r in long {
             assert_eq!(r.await.unwrap().expect("send").status(), 200);
         }
-        node
+        short
     })
 }
 
 /// With its seats' sharing unknown, the node's two seats held for 3 s more by a slow model: at
 /// the default odds (0.2) the 0.6 s that would cost outweighs the 0.1 s the slower node
-/// adds, and the request goes there; taken for each model's own (odds 0), to the full node,
-/// where the sim makes it wait for a seat.
+/// adds, and the request goes there, answered well within a second; taken for each model's
+/// own (odds 0), to the full node, where the sim makes it wait for a seat, seconds.
 #[test]
 fn a_short_request_is_not_sent_behind_a_slow_models_answers_on_a_bet() {
-    assert_eq!(small_request_beside_a_slow_model(0.2), "other");
-    assert_eq!(small_request_beside_a_slow_model(0.0), "shared");
+    let (node, took) = small_request_beside_a_slow_model(0.2);
+    assert_eq!(node, "other");
+    assert!(took < std::time::Duration::from_millis(1_000), "{took:?}");
+    let (node, took) = small_request_beside_a_slow_model(0.0);
+    assert_eq!(node, "shared");
+    assert!(took > std::time::Duration::from_millis(1_500), "{took:?}");
 }

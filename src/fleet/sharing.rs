@@ -92,9 +92,15 @@ impl SeatBound {
 
     /// How likely it runs no more at once than the count its answers are tested against, as
     /// [`SeatSharing::belief`]: on a node whose seats nobody said, what "its models share its
-    /// seats" means (they are then that count, the node's).
-    pub fn belief(&self, prior: f64) -> f64 {
-        self.line.belief(prior)
+    /// seats" means (they are then that count, the node's). Seen to run more at once (`seen`)
+    /// than that count, the line says nothing any more: the prior, until answers at the new
+    /// count start one.
+    pub fn belief(&self, prior: f64, seen: u32) -> f64 {
+        if seen > self.seats {
+            prior
+        } else {
+            self.line.belief(prior)
+        }
     }
 
     /// One answer of a request sent while the node ran `seats` at once; as
@@ -164,6 +170,15 @@ mod tests {
         own.observe(2.0, 0.1, 1_100);
         own.observe(2.0, 0.0, 1_200);
         near(own.belief(0.5), 0.0);
+
+        // Tested at two at once, it ran no more: 1. Seen to run three since, that says
+        // nothing of three: the prior again.
+        let mut bound = SeatBound::default();
+        for t in [1_000, 1_100, 1_200] {
+            bound.observe(2, 1.0, 1.0, t);
+        }
+        near(bound.belief(0.2, 2), 1.0);
+        near(bound.belief(0.2, 3), 0.2);
     }
 
     /// Answers that waited about as long as the node-wide seat was predicted to take: shared,

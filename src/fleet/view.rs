@@ -87,14 +87,14 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
     view.seats_shared = st.seat_sharing.lock().shared();
+    view.seats_seen = st.decoding.most();
     // A node whose seats nobody said is tested against the count it was seen to run at once
     // (`SeatBound`), one with known seats against them (`SeatSharing`).
     view.seats_shared_p = if view.seats_assumed {
-        st.seat_bound.lock().belief(p.shared_prior)
+        st.seat_bound.lock().belief(p.shared_prior, view.seats_seen)
     } else {
         st.seat_sharing.lock().belief(p.shared_prior)
     };
-    view.seats_seen = st.decoding.most();
     view.hides_loads = cfg.backend == crate::config::Backend::Openai;
     // A node whose seats nobody said, found to run no more than it was seen to at once: those
     // are its seats, the node's (the count is across its models), until it is seen to run

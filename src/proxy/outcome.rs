@@ -332,10 +332,14 @@ fn learn(
         };
         // The odds routing ranks the node's full seats at (`NodeView::seats_shared_p`) move with
         // every answer until the line decides: routing sees them at once.
+        // (A model's own line, `t.own`, does not price the node.)
         let prior = fleet.config().routing.policy.completion_seats_shared_prior;
-        let odds = || match t.bound {
-            true => bound.lock().belief(prior),
-            false => node.seat_sharing.lock().belief(prior),
+        let seen = node.decoding.most();
+        let odds = || {
+            (!t.own).then(|| match t.bound {
+                true => bound.lock().belief(prior, seen),
+                false => node.seat_sharing.lock().belief(prior),
+            })
         };
         let before = odds();
         let flipped = if t.bound {
@@ -345,7 +349,7 @@ fn learn(
                 .lock()
                 .observe(t.shared_wait_s, waited, now)
         };
-        let moved = !t.own && odds() != before;
+        let moved = odds() != before;
         if flipped {
             if t.bound {
                 let whose = if t.own {

@@ -635,10 +635,10 @@ struct Scratch<'f> {
 }
 
 /// Completion mode's prediction of pair (`idx`, model `pos`): `m` on the node, the pair's
-/// `load`, the node's requests in flight, `cached` prompt tokens taken as in the node's cache. Read once per node and kept
-/// by the caller across its pairs: what runs and waits on the node across its models
-/// (`node_load`, with their ends in `scratch.node_ends`) and what it has shown on its models
-/// (`shown`, for a pair it never served). A pair never observed is priced by what its node
+/// `load`, the node's requests in flight, `cached` prompt tokens taken as in the node's
+/// cache. Read once per node and kept by the caller across its pairs: what runs and waits on
+/// the node across its models (`node_load`, with their ends in `scratch.node_ends`) and what
+/// it has shown on its models (`shown`, for a pair it never served). A pair never observed is priced by what its node
 /// has shown and its pace against the model's observers; one whose rates were not measured,
 /// by that pace.
 fn predict_pair<'f>(
@@ -671,10 +671,11 @@ fn predict_pair<'f>(
             node_shown(fleet, node, idx, loads, now_ms, &mut scratch.logs, None)
         });
         let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
-        let best = match s.best {
-            Some(_) => s.at_size(m.size_gb, scratch.logs.size_exponent(fleet, loads)),
-            None => None,
-        };
+        // (The exponent reads the fleet's rates: only for a node that showed something.)
+        let best = s.best.and_then(|_| {
+            let exponent = scratch.logs.size_exponent(fleet, loads);
+            s.at_size(m.size_gb, exponent)
+        });
         (best, pace.or(s.pace))
     } else if unmeasured(&own) {
         let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
@@ -920,7 +921,7 @@ fn node_slowdown(
     now_ms: u64,
     scratch: &mut Vec<f64>,
 ) -> f64 {
-    if load.in_flight > 0 || node_in_flight <= load.in_flight {
+    if load.in_flight > 0 || node_in_flight == 0 {
         return 1.0;
     }
     let (mut paced, mut tokens) = (0.0, 0.0);

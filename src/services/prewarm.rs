@@ -110,13 +110,14 @@ pub fn spare_room(
     // some node keeps on disk.
     // Nor for a request that loads its model itself: a second copy would be read in beside
     // the one it waits for, priced against a finish that includes that load.
-    if winner.predicted_s.is_none() || winner.cold || !policy.completion_spare_loads {
-        return false;
-    }
-    let Some(pos) = models.iter().position(|m| *m == winner.model) else {
+    let Some(best_s) = winner.predicted_s.filter(|_| !winner.cold) else {
         return false;
     };
-    let Some(best) = super::prediction_of_model(decision, winner.node, pos) else {
+    let Some(pos) = models
+        .iter()
+        .position(|m| *m == winner.model)
+        .filter(|_| policy.completion_spare_loads)
+    else {
         return false;
     };
     let model = &winner.model;
@@ -139,7 +140,7 @@ pub fn spare_room(
             _ => None,
         })
         .filter(|&(idx, warm)| {
-            warm < best.total_s
+            warm < best_s
                 && node_api::can_manage(fleet, idx)
                 && !fleet.model(idx, model).busy()
                 && crate::routing::fits_free(&view.nodes[idx], idx, model, &**fleet)
@@ -201,9 +202,9 @@ pub fn to_measure(
             && node.health == crate::routing::Health::Online
             && fleet.node_in_flight(idx) == 0;
         if !empty
+            || fleet.ops.was_done(&load_key(idx, model))
             || !node_api::can_manage(fleet, idx)
             || !crate::routing::fits_free(node, idx, model, &**fleet)
-            || fleet.ops.was_done(&load_key(idx, model))
         {
             continue;
         }
