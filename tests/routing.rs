@@ -334,6 +334,52 @@ fn a_cold_load_makes_the_node_hot_at_once() {
     assert_eq!(b.control().stats().loads.len(), 0, "no second cold load");
 }
 
+/// A cold load is read when the model comes in (the first token of the answer that waited for
+/// it), not when that answer ends: a peer with the model cold is priced at that speed while the
+/// answer still streams.
+#[test]
+fn a_cold_loads_speed_is_known_from_its_first_token_while_its_answer_streams() {
+    let rt = runtime();
+    // 20 GB read in 0.3 s; answers of 60 tokens at 20 tokens/s: 3 s each.
+    let m = "  - {name: big:32b, size_gb: 20, cold_load_ms: 300}\n";
+    let slow = |m| {
+        format!("seats: 2\ntokens_per_sec: 20\nttft_ms: 1\nmemory_gb: 128\nreply_tokens: 60\nmodels:\n{m}")
+    };
+    let (a, b) = (sim(&rt, &slow(m)), sim(&rt, &slow(m)));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 600000\nrouting:\n  mode: completion\n  policy:\n    completion_spare_loads: false\n{}",
+        fleet(&[node("fl-a", &a, ""), node("fl-b", &b, "")])
+    ));
+    let ask = json!({"model": "big:32b", "max_tokens": 60, "stream": true,
+        "messages": [{"role": "user", "content": "x"}]});
+    let load_on_b = |report: Value| {
+        report["table"]
+            .as_array()
+            .and_then(|t| t.iter().find(|r| r["node"] == "fl-b"))
+            .and_then(|r| r["load_s"].as_f64())
+            .unwrap_or_else(|| panic!("no load for fl-b: {report:#}"))
+    };
+    rt.block_on(async {
+        // Nothing loaded anywhere yet: 20 GB at the prior's 2 GB/s.
+        let before = load_on_b(explain(&gw, "/fleet/explain", &ask).await);
+        assert!(before > 5.0, "priced at the prior: {before}");
+        let mut r = post(&gw, &ask, &[("x-fleet-pin-node", "fl-a")]).await;
+        assert_eq!(r.status(), 200);
+        r.chunk().await.unwrap().expect("first token");
+        let now = load_on_b(explain(&gw, "/fleet/explain", &ask).await);
+        assert!(
+            r.chunk().await.unwrap().is_some(),
+            "the answer still streams"
+        );
+        assert!(
+            now < 1.5,
+            "priced at fl-a's load ({now} s; {before} s before)"
+        );
+        while r.chunk().await.unwrap().is_some() {}
+    });
+    assert_eq!(b.control().stats().loads.len(), 0);
+}
+
 #[test]
 fn replicas_agree_on_conversation_affinity_without_shared_state() {
     let rt = runtime();

@@ -143,9 +143,35 @@ pub struct PairRates {
     /// When it first answered (ms; since this gateway's state was kept).
     #[serde(default)]
     first_ms: Option<u64>,
+    /// A cold load's length read at the first byte of an answer that waited for it
+    /// (`came_in`), until an answer that waited for a load ends and tells it whole (`load`).
+    #[serde(default)]
+    load_at_first_byte: Option<f64>,
 }
 
 impl PairRates {
+    /// A cold request's first byte, `first_s` after its send, `joined_s` into a load under way
+    /// (0 for the one that started it), its prompt predicted to take `prefill_s`: the model
+    /// came in. Until an answer that waited for a load ends and tells it whole, the load is
+    /// taken as the least of what the first bytes tell (each is the load plus its prompt's
+    /// wait behind the others, which the earliest has least of). Read only where the prefill
+    /// is at most half of the wait: a long prompt's first token says little of the load.
+    /// Returns whether what routing reads changed.
+    pub fn came_in(&mut self, first_s: f64, joined_s: f64, prefill_s: f64) -> bool {
+        if self.load.get().is_some() || !usable(first_s) || !usable(prefill_s) {
+            return false;
+        }
+        if prefill_s > first_s / 2.0 {
+            return false;
+        }
+        let load = first_s - prefill_s + if usable(joined_s) { joined_s } else { 0.0 };
+        if self.load_at_first_byte.is_some_and(|l| l <= load) {
+            return false;
+        }
+        self.load_at_first_byte = Some(load);
+        true
+    }
+
     /// Learn from one response.
     pub fn observe(&mut self, o: &Observation) {
         let now = o.now_ms;
@@ -302,7 +328,7 @@ impl PairRates {
 
     /// Seconds a cold load of the model took on the node (`None`: none observed).
     pub fn load_s(&self) -> Option<f64> {
-        self.load.get()
+        self.load.get().or(self.load_at_first_byte)
     }
 
     /// What routing reads.
@@ -337,7 +363,7 @@ impl PairRates {
             decode_spt: decode.map(|(a, _, _)| a).filter(|a| *a > 0.0),
             // Seen only at one concurrency: the cost of further streams is not known yet.
             decode_spt_per_stream: decode.and_then(|(_, b, spread)| spread.then_some(b)),
-            load_s: self.load.get(),
+            load_s: self.load_s(),
             idle_load_s: self.idle_load.get(),
             switch_load_s: self.switch_load.get(),
             service_s: self.service.get(),
@@ -737,6 +763,35 @@ mod tests {
         let mut q = PairRates::default();
         q.observe(&cold);
         assert_eq!(q.rates().load_s, Some(9.0));
+    }
+
+    /// A cold answer's first byte tells the load before its end does: its wait less the
+    /// prompt's prefill (the prior's rate on a pair never seen), plus a load it joined; a long
+    /// prompt's first byte tells nothing; the answer that ends replaces it.
+    #[test]
+    fn a_cold_load_is_read_at_the_first_byte_until_an_answer_tells_it_whole() {
+        let mut p = PairRates::default();
+        // A prompt predicted at 0.5 s of a 1.5 s wait.
+        assert!(p.came_in(1.5, 0.0, 0.5));
+        assert_eq!(p.rates().load_s, Some(1.0));
+        // One that joined the load 0.4 s in and waited behind the first's prompt: more.
+        assert!(!p.came_in(1.3, 0.4, 0.2));
+        assert_eq!(p.load_s(), Some(1.0));
+        // A later one that shows less: the least.
+        assert!(p.came_in(0.9, 0.0, 0.1));
+        assert!(within(p.load_s().unwrap(), 0.8, 0.01), "{p:?}");
+        // A prompt predicted at 2.5 s of a 3 s wait: nothing said.
+        let mut long = PairRates::default();
+        assert!(!long.came_in(3.0, 0.0, 2.5));
+        assert_eq!(long.load_s(), None);
+        // The answer that ends tells it whole; later first bytes say nothing.
+        p.observe(&Observation {
+            load_s: Some(3.0),
+            ..cold_response(3.0)
+        });
+        assert!(within(p.load_s().unwrap(), 3.0, 0.02), "{p:?}");
+        assert!(!p.came_in(0.6, 0.0, 0.0));
+        assert!(within(p.load_s().unwrap(), 3.0, 0.02), "{p:?}");
     }
 
     /// A response at `now_ms` to an idle pair whose first token (and end) came `load_s` late:

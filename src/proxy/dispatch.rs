@@ -353,6 +353,7 @@ mod tests {
             predicted_s: None,
             predicted_run_s: None,
             predicted_first_s: None,
+            predicted_prefill_s: None,
             predicted_output_tokens: None,
             cached_tokens: 0,
             seat_test: None,

@@ -385,6 +385,7 @@ impl Exchange<'_> {
         // An answer's first byte: its prompt is in the node's prefix cache from now
         // (`fleet::prefix`), told once the attempt's lock is let go.
         let mut prefilled = None;
+        let mut came_in = None;
         if let Some(b) = body.as_ref() {
             let mut st = self.d.state.lock();
             if st.first_byte.is_none() && !b.is_empty() {
@@ -395,6 +396,14 @@ impl Exchange<'_> {
                 let (sent_ms, seen) = (st.sent_ms, st.first_bytes_at_send);
                 // An answer, not an error's body, shows the model in memory (to later ones).
                 let answer = st.status.is_some_and(|s| (200..300).contains(&s));
+                // A cold answer streaming: the model came in (its load is read now, not at its
+                // end; a whole reply's first byte is its end).
+                let choice = &self.d.ranked[st.current];
+                let (cold, prefill_s) = (
+                    choice.cold && st.tried.is_empty(),
+                    choice.predicted_prefill_s,
+                );
+                let joined_s = st.load_under_way_s;
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
                     // Another answer of its model that streamed first since its send.
@@ -405,6 +414,10 @@ impl Exchange<'_> {
                         .map(|t| (t - sent_ms) as f64 / 1000.0);
                     lease.counters.first_byte(now, answer);
                     let ahead = lease.first_byte(now);
+                    if let Some(prefill_s) = prefill_s.filter(|_| answer && cold && self.d.stream) {
+                        let first_s = now.saturating_sub(sent_ms) as f64 / 1000.0;
+                        came_in = Some((lease.counters.clone(), first_s, joined_s, prefill_s));
+                    }
                     if self.d.stream {
                         lease.start_decoding(now);
                     }
@@ -432,6 +445,23 @@ impl Exchange<'_> {
                 if let Some(lease) = st.lease.as_ref() {
                     lease.streamed(st.observer.chunks(), now_ms());
                 }
+            }
+        }
+        if let Some((counters, first_s, joined_s, prefill_s)) = came_in {
+            let c = self.d.choice();
+            let mut rates = counters.rates.lock();
+            let changed = rates.came_in(first_s, joined_s, prefill_s);
+            let load_s = rates.load_s();
+            drop(rates);
+            log::debug!(
+                target: "fleetgate::learn",
+                "{} {}: came in, first byte {first_s:.3} s after its send, {joined_s:.3} s into the load, prefill {prefill_s:.3} s: load {load_s:?}",
+                c.node_id,
+                c.model,
+            );
+            if changed {
+                // The node's read speed (`learned_load_gbps`) and its peers' follow.
+                self.fleet.publish();
             }
         }
         if let Some(c) = prefilled {

@@ -363,6 +363,9 @@ fn decide_once(
                     .map(|p| p.total_s - p.wait_s)
                     .filter(|s| s.is_finite()),
                 predicted_first_s: known.map(|p| p.first_s).filter(|s| s.is_finite()),
+                predicted_prefill_s: prediction
+                    .map(|p| p.first_s - p.wait_s - p.load_s)
+                    .filter(|s| s.is_finite()),
                 predicted_output_tokens: prediction
                     .filter(|p| p.from_priors)
                     .map(|p| p.output_tokens)

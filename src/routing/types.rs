@@ -591,6 +591,10 @@ pub struct Choice {
     /// (`LiveDecode::stalled_since_ms`).
     #[serde(skip)]
     pub predicted_first_s: Option<f64>,
+    /// Completion mode: of `predicted_first_s`, its prompt's prefill (a cold answer's first
+    /// byte less it is what the load took, `fleet::PairRates::came_in`); from priors too.
+    #[serde(skip)]
+    pub predicted_prefill_s: Option<f64>,
     /// Completion mode, predicted from priors only (no end recorded for its seat): the
     /// answer's length it was priced at, which the pace it streams at turns into an end
     /// (`fleet::SeatEnds::read`).
