@@ -143,29 +143,29 @@ pub struct PairRates {
     /// When it first answered (ms; since this gateway's state was kept).
     #[serde(default)]
     first_ms: Option<u64>,
-    /// A cold load's length read at the first byte of an answer that waited for it
-    /// (`came_in`), until an answer that waited for a load ends and tells it whole (`load`).
+    /// A cold load's length read at the first byte of the first answer that waited for it
+    /// (`came_in`), until an answer that waited for a load ends and tells it (`load`).
     #[serde(default)]
     load_at_first_byte: Option<f64>,
 }
 
 impl PairRates {
-    /// A cold request's first byte, `first_s` after its send, `joined_s` into a load under way
-    /// (0 for the one that started it), its prompt predicted to take `prefill_s`: the model
-    /// came in. Until an answer that waited for a load ends and tells it whole, the load is
-    /// taken as the least of what the first bytes tell (each is the load plus its prompt's
-    /// wait behind the others, which the earliest has least of). Read only where the prefill
-    /// is at most half of the wait: a long prompt's first token says little of the load.
-    /// Returns whether what routing reads changed.
+    /// The first answer of a cold pair to stream: its first byte came `first_s` after its
+    /// send, `joined_s` into a load under way (0 for the one that started it), and its prompt
+    /// was predicted to take `prefill_s`. Until an answer that waited for a load ends and tells
+    /// it whole, the load is taken as that wait less the prefill. Read only where the prefill
+    /// is at most half of the wait (a long prompt's first token says little of the load) and
+    /// what is left reads as a load (`IdleExpect::MIN_LOAD_S`: a model found in, a request
+    /// flagged cold on a stale view, tells none); once per load (the next cold answer's end
+    /// clears it). Returns whether what routing reads changed.
     pub fn came_in(&mut self, first_s: f64, joined_s: f64, prefill_s: f64) -> bool {
-        if self.load.get().is_some() || !usable(first_s) || !usable(prefill_s) {
+        let since_start = first_s + if usable(joined_s) { joined_s } else { 0.0 };
+        let known = self.load.get().is_some() || self.load_at_first_byte.is_some();
+        if known || !usable(since_start) || !usable(prefill_s) || prefill_s > since_start / 2.0 {
             return false;
         }
-        if prefill_s > first_s / 2.0 {
-            return false;
-        }
-        let load = first_s - prefill_s + if usable(joined_s) { joined_s } else { 0.0 };
-        if self.load_at_first_byte.is_some_and(|l| l <= load) {
+        let load = since_start - prefill_s;
+        if load < crate::routing::IdleExpect::MIN_LOAD_S {
             return false;
         }
         self.load_at_first_byte = Some(load);
@@ -223,6 +223,9 @@ impl PairRates {
         // Time to first token splits into load (cold) and prefill.
         let first = o.ttft_s.filter(|t| usable(*t));
         let load = if o.cold {
+            // The answer's end tells the load (or that there was none): what its first byte
+            // suggested is done.
+            self.load_at_first_byte = None;
             let seen = o.load_s.filter(|s| *s > 0.0);
             let inferred = first
                 .or(Some(o.service_s))
@@ -326,7 +329,8 @@ impl PairRates {
         }
     }
 
-    /// Seconds a cold load of the model took on the node (`None`: none observed).
+    /// Seconds a cold load of the model took on the node: observed at the end of an answer that
+    /// waited for one, else read at the first byte of one (`came_in`); `None`: neither.
     pub fn load_s(&self) -> Option<f64> {
         self.load.get().or(self.load_at_first_byte)
     }
@@ -774,24 +778,30 @@ mod tests {
         // A prompt predicted at 0.5 s of a 1.5 s wait.
         assert!(p.came_in(1.5, 0.0, 0.5));
         assert_eq!(p.rates().load_s, Some(1.0));
-        // One that joined the load 0.4 s in and waited behind the first's prompt: more.
-        assert!(!p.came_in(1.3, 0.4, 0.2));
+        // Once per load: a later first byte says nothing.
+        assert!(!p.came_in(0.9, 0.0, 0.1));
         assert_eq!(p.load_s(), Some(1.0));
-        // A later one that shows less: the least.
-        assert!(p.came_in(0.9, 0.0, 0.1));
-        assert!(within(p.load_s().unwrap(), 0.8, 0.01), "{p:?}");
-        // A prompt predicted at 2.5 s of a 3 s wait: nothing said.
-        let mut long = PairRates::default();
-        assert!(!long.came_in(3.0, 0.0, 2.5));
-        assert_eq!(long.load_s(), None);
-        // The answer that ends tells it whole; later first bytes say nothing.
+        // One that joined the load 0.4 s in: the load ran from before its send.
+        let mut joined = PairRates::default();
+        assert!(joined.came_in(1.3, 0.4, 0.2));
+        assert!(within(joined.load_s().unwrap(), 1.5, 0.01), "{joined:?}");
+        // A prompt predicted at 2.5 s of a 3 s wait, or one found in (0.1 s left): nothing.
+        let mut none = PairRates::default();
+        assert!(!none.came_in(3.0, 0.0, 2.5));
+        assert!(!none.came_in(0.3, 0.0, 0.1 + 0.05));
+        assert_eq!(none.load_s(), None);
+        // The answer that ends tells it whole.
         p.observe(&Observation {
             load_s: Some(3.0),
             ..cold_response(3.0)
         });
         assert!(within(p.load_s().unwrap(), 3.0, 0.02), "{p:?}");
-        assert!(!p.came_in(0.6, 0.0, 0.0));
-        assert!(within(p.load_s().unwrap(), 3.0, 0.02), "{p:?}");
+        // A cold answer whose end shows no load clears what a first byte suggested.
+        let mut found_in = PairRates::default();
+        found_in.observe(&response(0, 1_000, 1, 1_000.0, 40.0, 0.0));
+        assert!(found_in.came_in(1.5, 0.0, 0.5));
+        found_in.observe(&cold_response(0.0));
+        assert!(found_in.load_s().is_none_or(|l| l < 0.1), "{found_in:?}");
     }
 
     /// A response at `now_ms` to an idle pair whose first token (and end) came `load_s` late:

@@ -399,10 +399,6 @@ impl Exchange<'_> {
                 // A cold answer streaming: the model came in (its load is read now, not at its
                 // end; a whole reply's first byte is its end).
                 let choice = &self.d.ranked[st.current];
-                let (cold, prefill_s) = (
-                    choice.cold && st.tried.is_empty(),
-                    choice.predicted_prefill_s,
-                );
                 let joined_s = st.load_under_way_s;
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
@@ -414,9 +410,13 @@ impl Exchange<'_> {
                         .map(|t| (t - sent_ms) as f64 / 1000.0);
                     lease.counters.first_byte(now, answer);
                     let ahead = lease.first_byte(now);
-                    if let Some(prefill_s) = prefill_s.filter(|_| answer && cold && self.d.stream) {
+                    // The first of its model's answers to stream since its send: the one
+                    // that tells when the model came in.
+                    let first = answer && choice.cold && self.d.stream && served.is_none();
+                    if let Some(prefill_s) = choice.predicted_prefill_s.filter(|_| first) {
                         let first_s = now.saturating_sub(sent_ms) as f64 / 1000.0;
-                        came_in = Some((lease.counters.clone(), first_s, joined_s, prefill_s));
+                        let counters = lease.counters.clone();
+                        came_in = Some((choice, counters, first_s, joined_s, prefill_s));
                     }
                     if self.d.stream {
                         lease.start_decoding(now);
@@ -447,8 +447,12 @@ impl Exchange<'_> {
                 }
             }
         }
-        if let Some((counters, first_s, joined_s, prefill_s)) = came_in {
-            let c = self.d.choice();
+        // (Not on a node that hides its loads: cold there only before its first poll.)
+        let came_in = came_in.filter(|(c, ..)| {
+            let view = self.fleet.view();
+            view.nodes.get(c.node).is_some_and(|n| !n.hides_loads)
+        });
+        if let Some((c, counters, first_s, joined_s, prefill_s)) = came_in {
             let mut rates = counters.rates.lock();
             let changed = rates.came_in(first_s, joined_s, prefill_s);
             let load_s = rates.load_s();

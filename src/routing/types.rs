@@ -197,7 +197,7 @@ pub struct NodeView {
     pub decode_tps: Option<f64>,
     pub load_gbps: Option<f64>,
     /// The read speed the node showed loading models, GB/s: their sizes over their observed
-    /// load times, summed over the models it loaded (`None` before a load was observed). What
+    /// load times (read from the first token of an answer that waited for one: `Rates::load_s`), summed over the models it loaded (`None` before a load was observed). What
     /// a model it has not loaded yet is expected to read at (the disk is the node's).
     pub learned_load_gbps: Option<f64>,
     /// Before the node loaded anything: what the fleet's other nodes showed
@@ -353,7 +353,8 @@ pub struct Rates {
     /// (`None` until responses at different concurrencies were seen).
     pub decode_spt: Option<f64>,
     pub decode_spt_per_stream: Option<f64>,
-    /// Seconds a cold load of the model took on the node.
+    /// Seconds a cold load of the model took on the node: observed at the end of an answer
+    /// that waited for one, else read at its first token (`fleet::PairRates::came_in`).
     pub load_s: Option<f64>,
     /// On a node that hides its loads (`NodeView::hides_loads`): the seconds a request to the
     /// pair idle past the keep-alive waited for a load before its prefill (0: it found the
