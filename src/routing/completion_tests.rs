@@ -686,6 +686,32 @@ fn an_untried_model_is_priced_slower_by_its_size_as_the_fleet_showed() {
     assert_near(p.decode_tps, 400.0, &p);
 }
 
+/// Sizes unknown (nodes by URL only): an untried 70b would be priced at its node's 14b speed.
+/// While no pair of it has answered, a stream of it elsewhere bounds that: its pace there (36
+/// tokens/s, alone on its node), at this node's pace against that one.
+#[test]
+fn an_untried_model_is_priced_no_faster_than_it_streams_elsewhere() {
+    let f = fleet_of_4_seats(vec![
+        node("a", vec![loaded("mid", 0.0), loaded("big", 0.0)]),
+        node("b", vec![loaded("mid", 0.0), loaded("big", 0.0)]),
+    ]);
+    let rated = TableLoads::default()
+        .rated(0, "mid", seen(140.0))
+        .rated(1, "mid", seen(140.0));
+    let alone = predicted(&at(&req(&["big"], 500), &f, &rated), 0);
+    assert_near(alone.decode_tps, 140.0, &alone);
+    let streaming = rated
+        .clone()
+        .with(1, "big", queue(1, 0))
+        .streaming(1, "big", 1.0, 36.0, 1);
+    let p = predicted(&at(&req(&["big"], 500), &f, &streaming), 0);
+    assert_near(p.decode_tps, 36.0, &p);
+    // Node a twice as slow as b on mid: twice as slow at big.
+    let slower = streaming.rated(0, "mid", seen(70.0));
+    let p = predicted(&at(&req(&["big"], 500), &f, &slower), 0);
+    assert!((p.decode_tps - 18.0).abs() < 1.0, "{p:?}");
+}
+
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
 /// fixed overhead): it is predicted with its peers' typical rate, not the far lower prior
 /// (20 x its decode rate). With the prior, the context bench's 8k-window node was predicted

@@ -679,6 +679,18 @@ fn predict_pair<'f>(
             let exponent = scratch.logs.size_exponent(fleet, loads);
             s.at_size(m.size_gb, exponent)
         });
+        // No pair of the model answered yet: what streams of it elsewhere show bounds it.
+        let best = match (best, post.peers[pos]) {
+            (Some(b), None) => Some(Rates {
+                decode_spt: completion::better(
+                    b.decode_spt,
+                    live_elsewhere(post, idx, name, scratch),
+                    f64::max,
+                ),
+                ..b
+            }),
+            (best, _) => best,
+        };
         (best, pace.or(s.pace))
     } else if unmeasured(&own) {
         let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
@@ -720,6 +732,65 @@ fn predict_pair<'f>(
         ),
     };
     completion::predict(post.policy, &input, cached)
+}
+
+/// Seconds per token of one stream of `name` on node `idx`, from its streams on the other
+/// nodes now (their pace so far, less the contention prior for the streams beside them, times
+/// how much slower node `idx` decoded than each on the models both answered, as fast where
+/// none), weighed by the tokens they streamed; `None` when none streams. For a model no pair
+/// has answered: its node's best on other models is no faster than this (an untried 70b, sizes
+/// unknown, was priced at its node's 14b speed, 138.8 tokens/s, while a stream of it on a twin
+/// showed 35.7).
+fn live_elsewhere(
+    post: &Post<'_>,
+    idx: usize,
+    name: &str,
+    scratch: &mut Scratch<'_>,
+) -> Option<f64> {
+    let (fleet, loads, now_ms) = (post.fleet, post.loads, post.now_ms);
+    let (mut weighted, mut tokens) = (0.0, 0.0);
+    for (j, node) in fleet.nodes.iter().enumerate() {
+        if j == idx || node.model(name).is_none() {
+            continue;
+        }
+        let load = loads.model(j, name);
+        let Some(live) = seat_ends(loads, j, name, &load, now_ms, &mut scratch.others)
+            .filter(|l| l.tokens > 0.0 && l.secs > 0.0)
+        else {
+            continue;
+        };
+        let beside = f64::from(live.node_decoding.max(1) - 1);
+        let one =
+            live.secs / live.tokens / (1.0 + post.policy.completion_contention_prior * beside);
+        weighted += one * slower_than(post, idx, j) * live.tokens;
+        tokens += live.tokens;
+    }
+    (tokens > 0.0).then(|| weighted / tokens)
+}
+
+/// How many times slower node `i` decoded than node `j` on the models both answered (the
+/// geometric mean of their ratios); 1 where they answered none alike.
+fn slower_than(post: &Post<'_>, i: usize, j: usize) -> f64 {
+    let (mut logs, mut n) = (0.0, 0u32);
+    for m in &post.fleet.nodes[i].models {
+        if post.fleet.nodes[j].model(&m.name).is_none() {
+            continue;
+        }
+        let (a, b) = (post.loads.rates(i, &m.name), post.loads.rates(j, &m.name));
+        let spt = |r: &Rates| {
+            r.decode_spt
+                .filter(|s| r.observed > 0 && s.is_finite() && *s > 0.0)
+        };
+        if let (Some(a), Some(b)) = (spt(&a), spt(&b)) {
+            logs += (a / b).ln();
+            n += 1;
+        }
+    }
+    if n == 0 {
+        1.0
+    } else {
+        (logs / f64::from(n)).exp()
+    }
 }
 
 /// Signal 8: the rendezvous node of each candidate model, when it survived, gets
