@@ -185,8 +185,9 @@ pub(super) struct Input<'a> {
     pub rates: Rates,
     /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
     pub peer: Option<Peers>,
-    /// The best prefill and decode its node has shown on other models; set (by the caller)
-    /// only for a pair never observed.
+    /// The best prefill and decode its node has shown on other models (slowed by size, and
+    /// while no pair of the model answered, no faster than its streams show:
+    /// `decide::live_streams`); set (by the caller) only for a pair never observed.
     pub node_best: Option<Rates>,
     /// How many times slower than the nodes that observed the model its node was on the
     /// models they both served, else than the fleet ([`NodePace`]); set (by the caller) only

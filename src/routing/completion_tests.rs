@@ -706,10 +706,27 @@ fn an_untried_model_is_priced_no_faster_than_it_streams_elsewhere() {
         .streaming(1, "big", 1.0, 36.0, 1);
     let p = predicted(&at(&req(&["big"], 500), &f, &streaming), 0);
     assert_near(p.decode_tps, 36.0, &p);
+    // Its prefill slowed alike (140 x 20 tokens/s on mid).
+    assert_near(p.prefill_tps, 2_800.0 * 36.0 / 140.0, &p);
     // Node a twice as slow as b on mid: twice as slow at big.
-    let slower = streaming.rated(0, "mid", seen(70.0));
+    let slower = streaming.clone().rated(0, "mid", seen(70.0));
     let p = predicted(&at(&req(&["big"], 500), &f, &slower), 0);
-    assert!((p.decode_tps - 18.0).abs() < 1.0, "{p:?}");
+    assert_near(p.decode_tps, 18.0, &p);
+    // Beside another stream on b, one stream there is that much faster (the contention prior).
+    let beside = rated
+        .clone()
+        .with(1, "big", queue(1, 0))
+        .streaming(1, "big", 1.0, 36.0, 2);
+    let p = predicted(&at(&req(&["big"], 500), &f, &beside), 0);
+    let prior = Policy::default().completion_contention_prior;
+    assert_near(p.decode_tps, 36.0 * (1.0 + prior), &p);
+    // Its own stream counts: a, streaming at 60, is no slower than it shows (beside that
+    // stream, at the contention prior).
+    let own = rated
+        .with(0, "big", queue(1, 0))
+        .streaming(0, "big", 1.0, 60.0, 1);
+    let p = predicted(&at(&req(&["big"], 500), &f, &own), 0);
+    assert_near(p.decode_tps, 60.0 / (1.0 + prior), &p);
 }
 
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like

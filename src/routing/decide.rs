@@ -642,8 +642,9 @@ struct Scratch<'f> {
 /// cache. Read once per node and kept by the caller across its pairs: what runs and waits on
 /// the node across its models (`node_load`, with their ends in `scratch.node_ends`) and what
 /// it has shown on its models (`shown`, for a pair it never served). A pair never observed is priced by what its node
-/// has shown and its pace against the model's observers; one whose rates were not measured,
-/// by that pace.
+/// has shown (no faster than the model streams while no pair answered it, `live_streams`)
+/// and its pace against the model's observers; one whose rates were not measured, by that
+/// pace.
 fn predict_pair<'f>(
     post: &Post<'f>,
     (idx, pos): (usize, usize),
@@ -679,16 +680,23 @@ fn predict_pair<'f>(
             let exponent = scratch.logs.size_exponent(fleet, loads);
             s.at_size(m.size_gb, exponent)
         });
-        // No pair of the model answered yet: what streams of it elsewhere show bounds it.
+        // No pair of the model answered yet: what streams of it show bounds it (its prefill
+        // slowed alike, as `Shown::at_size` takes it to).
         let best = match (best, post.peers[pos]) {
-            (Some(b), None) => Some(Rates {
-                decode_spt: completion::better(
-                    b.decode_spt,
-                    live_elsewhere(post, idx, name, scratch),
-                    f64::max,
-                ),
-                ..b
-            }),
+            (Some(b), None) => Some(
+                match (b.decode_spt, live_streams(post, idx, name, scratch)) {
+                    (Some(best), Some(live)) if live > best => Rates {
+                        decode_spt: Some(live),
+                        prefill_tps: b.prefill_tps.map(|tps| tps * best / live),
+                        ..b
+                    },
+                    (None, live) => Rates {
+                        decode_spt: live,
+                        ..b
+                    },
+                    _ => b,
+                },
+            ),
             (best, _) => best,
         };
         (best, pace.or(s.pace))
@@ -734,23 +742,19 @@ fn predict_pair<'f>(
     completion::predict(post.policy, &input, cached)
 }
 
-/// Seconds per token of one stream of `name` on node `idx`, from its streams on the other
-/// nodes now (their pace so far, less the contention prior for the streams beside them, times
-/// how much slower node `idx` decoded than each on the models both answered, as fast where
-/// none), weighed by the tokens they streamed; `None` when none streams. For a model no pair
-/// has answered: its node's best on other models is no faster than this (an untried 70b, sizes
-/// unknown, was priced at its node's 14b speed, 138.8 tokens/s, while a stream of it on a twin
-/// showed 35.7).
-fn live_elsewhere(
-    post: &Post<'_>,
-    idx: usize,
-    name: &str,
-    scratch: &mut Scratch<'_>,
-) -> Option<f64> {
+/// Seconds per token of one stream of `name` on node `idx`, from its streams now: on the node
+/// itself, and on the other nodes times how much slower node `idx` decoded than each on the
+/// models both answered (`slower_than`; a node it shares no answered model with tells
+/// nothing), each less the contention prior for the streams beside them, weighted by the
+/// tokens they streamed; `None` when none streams. For a model no pair has answered: its
+/// node's best on other models is no faster than this (an untried 70b, sizes unknown, was
+/// priced at its node's 14b speed, 138.8 tokens/s, while a stream of it on a twin showed
+/// 35.7).
+fn live_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'_>) -> Option<f64> {
     let (fleet, loads, now_ms) = (post.fleet, post.loads, post.now_ms);
     let (mut weighted, mut tokens) = (0.0, 0.0);
     for (j, node) in fleet.nodes.iter().enumerate() {
-        if j == idx || node.model(name).is_none() {
+        if node.model(name).is_none() {
             continue;
         }
         let load = loads.model(j, name);
@@ -759,18 +763,25 @@ fn live_elsewhere(
         else {
             continue;
         };
+        let Some(slower) = slower_than(post, idx, j) else {
+            continue;
+        };
         let beside = f64::from(live.node_decoding.max(1) - 1);
         let one =
             live.secs / live.tokens / (1.0 + post.policy.completion_contention_prior * beside);
-        weighted += one * slower_than(post, idx, j) * live.tokens;
+        weighted += one * slower * live.tokens;
         tokens += live.tokens;
     }
     (tokens > 0.0).then(|| weighted / tokens)
 }
 
 /// How many times slower node `i` decoded than node `j` on the models both answered (the
-/// geometric mean of their ratios); 1 where they answered none alike.
-fn slower_than(post: &Post<'_>, i: usize, j: usize) -> f64 {
+/// geometric mean of their ratios; 1 for the node itself); `None` where they answered none
+/// alike.
+fn slower_than(post: &Post<'_>, i: usize, j: usize) -> Option<f64> {
+    if i == j {
+        return Some(1.0);
+    }
     let (mut logs, mut n) = (0.0, 0u32);
     for m in &post.fleet.nodes[i].models {
         if post.fleet.nodes[j].model(&m.name).is_none() {
@@ -786,11 +797,7 @@ fn slower_than(post: &Post<'_>, i: usize, j: usize) -> f64 {
             n += 1;
         }
     }
-    if n == 0 {
-        1.0
-    } else {
-        (logs / f64::from(n)).exp()
-    }
+    (n > 0).then(|| (logs / f64::from(n)).exp())
 }
 
 /// Signal 8: the rendezvous node of each candidate model, when it survived, gets
