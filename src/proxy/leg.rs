@@ -396,8 +396,6 @@ impl Exchange<'_> {
                 let (sent_ms, seen) = (st.sent_ms, st.first_bytes_at_send);
                 // An answer, not an error's body, shows the model in memory (to later ones).
                 let answer = st.status.is_some_and(|s| (200..300).contains(&s));
-                // A cold answer streaming: the model came in (its load is read now, not at its
-                // end; a whole reply's first byte is its end).
                 let choice = &self.d.ranked[st.current];
                 let joined_s = st.load_under_way_s;
                 if let Some(lease) = st.lease.as_mut() {
@@ -410,8 +408,9 @@ impl Exchange<'_> {
                         .map(|t| (t - sent_ms) as f64 / 1000.0);
                     lease.counters.first_byte(now, answer);
                     let ahead = lease.first_byte(now);
-                    // The first of its model's answers to stream since its send: the one
-                    // that tells when the model came in.
+                    // A cold answer, the first of its model's to stream since its send: the
+                    // model came in, and its load is read now, not at the answer's end (a
+                    // whole reply's first byte is its end).
                     let first = answer && choice.cold && self.d.stream && served.is_none();
                     if let Some(prefill_s) = choice.predicted_prefill_s.filter(|_| first) {
                         let first_s = now.saturating_sub(sent_ms) as f64 / 1000.0;

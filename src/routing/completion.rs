@@ -9,9 +9,10 @@
 //!                                            start; only on a node learned to prefill one prompt
 //!                                            at a time (`Rates::prefill_shared`)
 //! load    = observed load time (from the first token of the answer that waited for it until
-//!           that answer ends: `fleet::PairRates::came_in`), else size_gb / read speed: the node's `load_gbps`, else what
-//!           its observed loads of other models read at, else the other nodes' loads
-//!           (`peer_load_gbps`), else `completion_load_gbps` (0 when loaded with a window that fits),
+//!           that answer ends: `fleet::PairRates::came_in`), else size_gb / read speed: the
+//!           node's `load_gbps`, else what its observed loads of other models read at, else
+//!           the other nodes' loads (`peer_load_gbps`), else `completion_load_gbps` (0 when
+//!           loaded with a window that fits),
 //!           less how long a load of it that a request started has been under way, less the
 //!           seat wait when requests are ahead and their ends are known (they wait for the
 //!           same load meanwhile); one past its time: as long again as it has overrun.

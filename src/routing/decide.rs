@@ -641,10 +641,10 @@ struct Scratch<'f> {
 /// `load`, the node's requests in flight, `cached` prompt tokens taken as in the node's
 /// cache. Read once per node and kept by the caller across its pairs: what runs and waits on
 /// the node across its models (`node_load`, with their ends in `scratch.node_ends`) and what
-/// it has shown on its models (`shown`, for a pair it never served). A pair never observed is priced by what its node
-/// has shown (no faster than the model streams while no pair answered it, `live_streams`)
-/// and its pace against the model's observers; one whose rates were not measured, by that
-/// pace.
+/// it has shown on its models (`shown`, for a pair it never served). A pair never observed is
+/// priced by what its node has shown (no faster than the model streams while no pair
+/// answered it, `live_streams`) and its pace against the model's observers; one whose rates
+/// were not measured, by that pace.
 fn predict_pair<'f>(
     post: &Post<'f>,
     (idx, pos): (usize, usize),

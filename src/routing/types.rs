@@ -197,8 +197,9 @@ pub struct NodeView {
     pub decode_tps: Option<f64>,
     pub load_gbps: Option<f64>,
     /// The read speed the node showed loading models, GB/s: their sizes over their observed
-    /// load times (read from the first token of an answer that waited for one: `Rates::load_s`), summed over the models it loaded (`None` before a load was observed). What
-    /// a model it has not loaded yet is expected to read at (the disk is the node's).
+    /// load times (read from the first token of an answer that waited for one: `Rates::load_s`),
+    /// summed over the models it loaded (`None` before a load was observed). What a model it has
+    /// not loaded yet is expected to read at (the disk is the node's).
     pub learned_load_gbps: Option<f64>,
     /// Before the node loaded anything: what the fleet's other nodes showed
     /// (`learned_load_gbps`), their harmonic mean (the mean seconds per GB), as the first
