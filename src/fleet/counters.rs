@@ -377,12 +377,13 @@ impl ModelCounters {
     /// how long that load has been under way, seconds (0 for the one that starts it).
     ///
     /// A request placed while the model was cold and sent after it came in (it waited for a
-    /// seat) starts nothing and joins nothing: 0.
-    pub fn load_sent(&self, now_ms: u64) -> f64 {
+    /// seat) starts nothing and joins nothing: `None`, it goes as a warm one (its answer
+    /// teaches no load: Ollama reports the few milliseconds it took to find the model in).
+    pub fn load_sent(&self, now_ms: u64) -> Option<f64> {
         let now = now_ms.clamp(1, LOADED - 1);
         let current = self.load_since_ms.load(Ordering::Relaxed);
         if current == LOADED {
-            return 0.0;
+            return None;
         }
         // Alone on the pair it starts a load whatever start is left; beside others it starts
         // one only if none is under way.
@@ -394,8 +395,9 @@ impl ModelCounters {
             Ordering::Relaxed,
             Ordering::Relaxed,
         ) {
-            Ok(_) | Err(LOADED) => 0.0,
-            Err(since) => now.saturating_sub(since) as f64 / 1000.0,
+            Ok(_) => Some(0.0),
+            Err(LOADED) => None,
+            Err(since) => Some(now.saturating_sub(since) as f64 / 1000.0),
         }
     }
 
@@ -635,18 +637,22 @@ mod tests {
     fn a_cold_load_is_started_joined_and_forgotten() {
         let c = ModelCounters::default();
         c.in_flight.store(1, Ordering::Relaxed);
-        assert_eq!(c.load_sent(10_000), 0.0);
+        assert_eq!(c.load_sent(10_000), Some(0.0));
         assert_eq!(c.load().loading_since_ms, Some(10_000));
         c.in_flight.store(2, Ordering::Relaxed);
-        assert_eq!(c.load_sent(13_000), 3.0);
+        assert_eq!(c.load_sent(13_000), Some(3.0));
         c.load_done();
         assert_eq!(c.load().loading_since_ms, None);
         c.in_flight.store(3, Ordering::Relaxed);
-        assert_eq!(c.load_sent(14_000), 0.0, "placed cold, sent once it was in");
+        assert_eq!(
+            c.load_sent(14_000),
+            None,
+            "placed cold, sent once it was in"
+        );
         assert_eq!(c.load().loading_since_ms, None);
         c.unloaded();
         c.in_flight.store(1, Ordering::Relaxed);
-        assert_eq!(c.load_sent(20_000), 0.0);
+        assert_eq!(c.load_sent(20_000), Some(0.0));
         assert_eq!(c.load().loading_since_ms, Some(20_000));
         c.lease_ended();
         assert_eq!(c.load().in_flight, 0);

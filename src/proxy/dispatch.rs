@@ -130,6 +130,10 @@ pub struct Attempts {
     /// How long the load the current attempt waits for had been under way at its send (0: it
     /// started it, or the model was loaded).
     pub load_under_way_s: f64,
+    /// The current attempt was placed while its model was cold and sent after it came in (it
+    /// waited for a seat meanwhile): it goes, and is learned from, as a warm one
+    /// (`Dispatch::cold`).
+    pub found_loaded: bool,
     /// Sent to join a load the node hides (`IdleExpect::joined`) and one was still under way
     /// when it went: only then does its answer say anything of that load.
     pub joined_hidden_load: bool,
@@ -217,6 +221,7 @@ impl Dispatch {
         st.joined_hidden_load = false;
         st.served_meanwhile_s = None;
         st.load_under_way_s = 0.0;
+        st.found_loaded = false;
         if let Some(lease) = st.lease.as_mut() {
             lease.sent();
             let (first_bytes, pair_in_flight) = (
@@ -245,10 +250,11 @@ impl Dispatch {
             st.joined_hidden_load = joined.is_some() && choice.idle.is_some_and(|i| i.joined);
             st.first_bytes_at_send = first_bytes;
             st.pair_in_flight_at_send = pair_in_flight;
-            st.load_under_way_s = if choice.cold {
-                lease.counters.load_sent(now_ms)
-            } else {
-                joined.unwrap_or(0.0)
+            let cold_load = choice.cold.then(|| lease.counters.load_sent(now_ms));
+            st.found_loaded = cold_load.is_some_and(|sent| sent.is_none());
+            st.load_under_way_s = match cold_load {
+                Some(sent) => sent.unwrap_or(0.0),
+                None => joined.unwrap_or(0.0),
             };
             // Of the wait it was predicted, what it spent in the gateway's queue is over; the
             // rest it waits inside the node (a seat the gateway does not hold it for, the
@@ -294,6 +300,12 @@ impl Dispatch {
     pub fn choice(&self) -> &Choice {
         let i = self.state.lock().current;
         &self.ranked[i]
+    }
+
+    /// The current attempt waits for its model to load: placed cold, and not sent after the
+    /// model came in (`Attempts::found_loaded`).
+    pub fn cold(&self, st: &Attempts) -> bool {
+        self.ranked[st.current].cold && !st.found_loaded
     }
 
     /// What the current attempt may wait for of a load the node hides (`Choice::idle`): none

@@ -397,7 +397,7 @@ impl Exchange<'_> {
                 // An answer, not an error's body, shows the model in memory (to later ones).
                 let answer = st.status.is_some_and(|s| (200..300).contains(&s));
                 let choice = &self.d.ranked[st.current];
-                let joined_s = st.load_under_way_s;
+                let (joined_s, cold) = (st.load_under_way_s, self.d.cold(&st));
                 if let Some(lease) = st.lease.as_mut() {
                     let now = now_ms();
                     // Another answer of its model that streamed first since its send.
@@ -411,7 +411,7 @@ impl Exchange<'_> {
                     // A cold answer, the first of its model's to stream since its send: the
                     // model came in, and its load is read now, not at the answer's end (a
                     // whole reply's first byte is its end).
-                    let first = answer && choice.cold && self.d.stream && served.is_none();
+                    let first = answer && cold && self.d.stream && served.is_none();
                     if let Some(prefill_s) = choice.predicted_prefill_s.filter(|_| first) {
                         let first_s = now.saturating_sub(sent_ms) as f64 / 1000.0;
                         let counters = lease.counters.clone();

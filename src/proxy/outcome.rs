@@ -204,12 +204,13 @@ fn learn(
     let counters = node.counters(&c.model);
     let now_in_flight = node.in_flight.load(std::sync::atomic::Ordering::Relaxed) + 1;
     let st = d.state.lock();
-    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden) = (
+    let (prefill_ahead_s, decode_streams, load_under_way_s, seat_freed_s, hidden, cold) = (
         st.prefill_ahead_s,
         st.decode_streams,
         st.load_under_way_s,
         st.seat_freed_s,
         d.hidden_load(&st),
+        d.cold(&st),
     );
     // A retry's TTFT counts the failed attempt; one sent beside others of its model found it
     // serving. No load it waited for outlasted another answer of its model streaming first.
@@ -234,7 +235,7 @@ fn learn(
     };
     let mut o = Observation {
         now_ms: now,
-        cold: c.cold,
+        cold,
         service_s: end.duration_since(d.started).as_secs_f64(),
         ttft_s: first_byte
             .filter(|_| observed.chunks >= 2)
@@ -284,7 +285,7 @@ fn learn(
         // Nothing to tell it by (a whole reply predicted from priors): nothing learned.
         o.idle_load_s = load;
         o.switch = idle.switch;
-    } else if let Some(late) = stalled_first_token(fleet, c, d.stream, &o, not_alone)
+    } else if let Some(late) = stalled_first_token(fleet, c, (d.stream, cold), &o, not_alone)
         .map(at_most)
         .filter(|late| *late > 0.0)
     {
@@ -299,7 +300,7 @@ fn learn(
         o.idle_load_s = Some(late);
         o.switch = true;
     }
-    let loaded_first = c.cold || o.idle_load_s.is_some_and(|l| l > 0.0);
+    let loaded_first = cold || o.idle_load_s.is_some_and(|l| l > 0.0);
     if let Some(t) = c.seat_test.filter(|_| !loaded_first) {
         // How much later than its own prediction it came: its first token (streamed), else
         // its end.
@@ -446,11 +447,11 @@ fn learn(
 fn stalled_first_token(
     fleet: &Fleet,
     c: &crate::routing::Choice,
-    stream: bool,
+    (stream, cold): (bool, bool),
     o: &Observation,
     not_alone: bool,
 ) -> Option<f64> {
-    if !stream || not_alone || c.cold || c.seat_test.is_some() {
+    if !stream || not_alone || cold || c.seat_test.is_some() {
         return None;
     }
     let (first, due) = (o.ttft_s?, c.predicted_first_s?.max(0.0));
