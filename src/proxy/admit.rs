@@ -43,6 +43,11 @@ pub fn pick(
     let limits = &fleet.config().admission;
     let mut refusal: Option<Refusal> = None;
     for (i, c) in decision.ranked.iter().enumerate() {
+        // Its place among the pair's waiters: by its predicted run there (completion mode).
+        let share = &crate::queue::Share {
+            run_s: c.predicted_run_s.unwrap_or(0.0),
+            ..share.clone()
+        };
         match fleet.acquire_as(c.node, &c.model, share) {
             Acquire::Ready(lease) => return Pick::Ready(c.clone(), lease),
             Acquire::Refused if i == 0 => return Pick::BreakerRefused,

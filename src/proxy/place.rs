@@ -184,6 +184,7 @@ pub async fn place(
         tenant: pass.tenant().clone(),
         weight: pass.limits.weight,
         pinned: req.pin.is_some(),
+        run_s: 0.0,
     };
     // Held while the request waits (node:model queue or holding queue): the tenant's
     // `max_queued` counts it.

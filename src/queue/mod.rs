@@ -1,7 +1,9 @@
 //! Stage 3: per node:model queues. A request takes a seat at once when its node:model has one
-//! free (and the node is under its hard cap); otherwise it waits, in the gateway, in FIFO
-//! order, where rebalance can still move it. Seats are `Lease`s: dropping one frees the seat
-//! and hands it to the next waiter of that node.
+//! free (and the node is under its hard cap); otherwise it waits, in the gateway, where
+//! rebalance can still move it: in fair order between tenants and, within a tenant, the one
+//! due first goes first (`fair`: arrival plus predicted run; arrival alone without a
+//! prediction). Seats are `Lease`s: dropping one frees the seat and hands it to the next
+//! waiter of that node.
 
 pub mod admission;
 mod board;
@@ -287,9 +289,9 @@ impl Drop for Ticket {
     }
 }
 
-/// Hand free seats of a node to its waiters: within a model in fair order (FIFO within a
-/// tenant), across its models the one whose next waiter has waited longest first (when the
-/// node's ceiling binds, its models take turns by arrival, not by name).
+/// Hand free seats of a node to its waiters: within a model in fair order (within a tenant
+/// the one due first, `fair`), across its models the one whose next waiter is due first (when
+/// the node's ceiling binds, its models take turns by arrival and run, not by name).
 pub fn pump(node: usize, node_state: &Arc<NodeState>) {
     let all = node_state.all_counters();
     loop {
@@ -298,7 +300,7 @@ pub fn pump(node: usize, node_state: &Arc<NodeState>) {
             if c.in_flight.load(Ordering::Relaxed) >= c.seats() {
                 continue;
             }
-            if let Some(since) = c.waiters.lock().next_since() {
+            if let Some(since) = c.waiters.lock().next_due() {
                 if oldest.is_none_or(|(o, _)| since < o) {
                     oldest = Some((since, c));
                 }
