@@ -63,6 +63,57 @@ fn ten_requests_on_a_two_seat_node_wait_in_the_gateway() {
     });
 }
 
+/// Completion mode, one seat taken: a long request, then a short one a moment later, wait
+/// for it. The short one goes first (it is due first: arrived plus its predicted run) and
+/// ends long before the long one; in spec-000 mode the seat goes in arrival order.
+#[test]
+fn a_short_request_does_not_wait_behind_a_long_one_that_came_just_before() {
+    let order = |mode: &str| {
+        let rt = runtime();
+        // 100 tokens/s, answers as long as asked: 300 tokens take 3 s, 5 take 0.05 s.
+        let a = sim(
+            &rt,
+            "seats: 1\ntokens_per_sec: 100\nttft_ms: 1\nmemory_gb: 64\nreply_tokens: 4096\nmodels:\n  - {name: m:1b, size_gb: 1, loaded: true}\n",
+        );
+        let gw = Gateway::start(&format!(
+            "routing:\n  mode: {mode}\n{}",
+            fleet(&[node("q-a", &a, "      capacity: 1\n")])
+        ));
+        let ask = |tokens: u32| {
+            let (url, body) = (
+                gw.url("/v1/chat/completions"),
+                json!({"model": "m:1b", "max_tokens": tokens,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            );
+            tokio::spawn(async move {
+                let r = client().post(url).json(&body).send().await.expect("send");
+                assert_eq!(r.status(), 200);
+                r.bytes().await.unwrap();
+                std::time::Instant::now()
+            })
+        };
+        rt.block_on(async {
+            // What answers take, learned: each runs into its limit.
+            for tokens in [5, 40, 5, 40] {
+                ask(tokens).await.unwrap();
+            }
+            a.control().hold_first_token(true);
+            let running = ask(5);
+            a.control().wait_parked(1).await;
+            let long = ask(300);
+            eventually("the long one waiting", || async { waiting(&gw).await == 1 }).await;
+            let short = ask(5);
+            eventually("both waiting", || async { waiting(&gw).await == 2 }).await;
+            a.control().release();
+            running.await.unwrap();
+            let (long, short) = (long.await.unwrap(), short.await.unwrap());
+            short < long
+        })
+    };
+    assert!(order("completion"), "completion: the short one ends first");
+    assert!(!order("spec"), "spec-000: arrival order");
+}
+
 #[test]
 fn client_that_leaves_the_queue_takes_no_seat() {
     let rt = runtime();
