@@ -43,9 +43,11 @@ pub fn pick(
     let limits = &fleet.config().admission;
     let mut refusal: Option<Refusal> = None;
     for (i, c) in decision.ranked.iter().enumerate() {
-        // Its place among the pair's waiters: by its predicted run there (completion mode).
+        // Its place among the pair's waiters: by its predicted run there (completion mode;
+        // predicted from priors only, which keep no run apart, by its whole predicted time:
+        // not as if it took none).
         let share = &crate::queue::Share {
-            run_s: c.predicted_run_s.unwrap_or(0.0),
+            run_s: c.predicted_run_s.or(c.predicted_s).unwrap_or(0.0),
             ..share.clone()
         };
         match fleet.acquire_as(c.node, &c.model, share) {

@@ -265,9 +265,16 @@ impl Dispatch {
                 .filter(|_| st.current == 0)
                 .map_or(0.0, |w| w.max(0.0));
             let passed_s = wait_s.min(self.queue_wait.as_secs_f64());
+            // Placed cold, found in: none of the load it was predicted is left.
+            let load_s = match (st.found_loaded, choice.predicted_first_s) {
+                (true, Some(first)) => {
+                    (first - wait_s - choice.predicted_prefill_s.unwrap_or(0.0)).max(0.0)
+                }
+                _ => 0.0,
+            };
             match (choice.predicted_run_s, choice.predicted_s) {
                 (Some(run_s), _) => {
-                    let left_s = run_s.max(0.0) + wait_s - passed_s;
+                    let left_s = (run_s - load_s).max(0.0) + wait_s - passed_s;
                     lease.expect_end(now_ms.saturating_add((left_s * 1000.0) as u64))
                 }
                 (None, Some(_)) => lease.expect_unknown_end(choice.predicted_output_tokens),
@@ -276,7 +283,7 @@ impl Dispatch {
             // A request sent to a node whose seats were all taken tests them: a late first
             // token is its answer (it waited inside), not a stall.
             let judged = self.stream && choice.seat_test.is_none();
-            let first = choice.predicted_first_s.map(|f| f - passed_s);
+            let first = choice.predicted_first_s.map(|f| f - passed_s - load_s);
             if let Some(first_s) = first.filter(|_| judged) {
                 lease.expect_first(
                     now_ms,

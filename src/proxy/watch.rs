@@ -44,16 +44,22 @@ pub async fn stalled(fleet: &Fleet, d: &Dispatch, since: Instant) -> String {
         } else {
             counters.load().p75_ms
         };
-        let (header, last, hidden) = {
+        // Placed cold but sent once the model was in (`Dispatch::cold`): timed as a warm one.
+        let (header, last, hidden, sent_cold) = {
             let st = d.state.lock();
-            (st.status.is_some(), st.last_activity, d.hidden_load(&st))
+            (
+                st.status.is_some(),
+                st.last_activity,
+                d.hidden_load(&st),
+                d.cold(&st),
+            )
         };
         // A pair idle on a node that hides its loads may be loading unseen: the timeout
         // allows for the load its earlier answers showed; none known, as cold (no timeout).
         let (expected, cold) = match hidden.map(|h| h.load_s) {
             Some(None) => (expected, true),
-            Some(Some(load)) => (expected.map(|ms| ms + load * 1000.0), c.cold),
-            None => (expected, c.cold),
+            Some(Some(load)) => (expected.map(|ms| ms + load * 1000.0), sent_cold),
+            None => (expected, sent_cold),
         };
         let first_byte = first_byte_timeout(t, expected, cold);
         let now = Instant::now();

@@ -7,7 +7,8 @@
 //! plus its predicted run on the pair (`Share::run_s`, completion mode; 0 elsewhere, where the
 //! order is FIFO). A short request that came a little after a long one goes first, one that
 //! came later than the long one's run would take does not: the mean wait falls as under
-//! shortest-job-first, and no request waits behind later ones for longer than its own run.
+//! shortest-job-first, and a request is overtaken only by ones that came less than its own
+//! run after it (so, however loaded the pair, by a bounded number).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -103,7 +104,7 @@ impl WaitQueue {
         Some(self.items[i].due)
     }
 
-    /// The waiter to serve next: smallest tag, oldest first among equals.
+    /// The waiter to serve next: of the tenant with the smallest tag, the one due first.
     pub fn pop_next(&mut self) -> Option<Waiter> {
         self.pop_best(|_| true)
     }

@@ -295,21 +295,21 @@ impl Drop for Ticket {
 pub fn pump(node: usize, node_state: &Arc<NodeState>) {
     let all = node_state.all_counters();
     loop {
-        let mut oldest: Option<(Instant, &Arc<ModelCounters>)> = None;
+        let mut first: Option<(Instant, &Arc<ModelCounters>)> = None;
         for (_, c) in &all {
             if c.in_flight.load(Ordering::Relaxed) >= c.seats() {
                 continue;
             }
-            if let Some(since) = c.waiters.lock().next_due() {
-                if oldest.is_none_or(|(o, _)| since < o) {
-                    oldest = Some((since, c));
+            if let Some(due) = c.waiters.lock().next_due() {
+                if first.is_none_or(|(f, _)| due < f) {
+                    first = Some((due, c));
                 }
             }
         }
-        let Some((_, counters)) = oldest else { break };
+        let Some((_, counters)) = first else { break };
         let mut waiters = counters.waiters.lock();
         if waiters.is_empty() {
-            // It left meanwhile: the next oldest.
+            // It left meanwhile: the next one due.
             continue;
         }
         // Full (the node at its ceiling, or the pair raced to its seats): the next lease to

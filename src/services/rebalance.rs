@@ -1,9 +1,10 @@
 //! Stage 5, rebalance: every `queue.rebalance_interval_ms`, queues with
 //! `queue.rebalance_threshold` or more waiting give up to `queue.rebalance_max_moves` of their
-//! oldest waiting requests to nodes where the model is already hot and a seat is free. Never a
-//! cold load; requests in flight never move.
+//! next waiting requests (the oldest; in completion mode the one due first, `queue::fair`) to
+//! nodes where the model is already hot and a seat is free. Never a cold load; requests in
+//! flight never move.
 //!
-//! In completion mode a queue moves its oldest waiting request when a hot node with a free
+//! In completion mode a queue moves its next waiting request when a hot node with a free
 //! seat is predicted to finish it sooner than its own node (its wait there: the requests in
 //! flight ahead of it, per seat, times the seat time), whatever the depth; the check interval
 //! follows observed load times (`services::completion_period`).
