@@ -268,6 +268,57 @@ mod tests {
         );
     }
 
+    /// Rebalance takes the movable waiter due first, leaving a pinned one (due earlier) for its
+    /// own node; with weights, a tenant's share of the turns is as before, whoever of it is
+    /// due first takes them.
+    #[test]
+    fn the_due_order_holds_for_moves_and_weights() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut q = WaitQueue::default();
+        let pinned = Share {
+            pinned: true,
+            ..runs("a", 1.0)
+        };
+        q.push(
+            Waiter {
+                pinned: true,
+                ..waiter_at(1, at(0))
+            },
+            &pinned,
+        );
+        q.push(waiter_at(2, at(0)), &runs("a", 20.0));
+        q.push(waiter_at(3, at(1)), &runs("a", 5.0));
+        assert_eq!(
+            q.pop_movable().map(|w| w.id),
+            Some(3),
+            "due at 6 s, before 20 s"
+        );
+        assert_eq!(q.pop_next().map(|w| w.id), Some(1));
+        assert_eq!(q.pop_next().map(|w| w.id), Some(2));
+
+        let mut q = WaitQueue::default();
+        for i in 0..30 {
+            // The heavy tenant's later requests are its short ones.
+            let run = if i < 15 { 30.0 } else { 1.0 };
+            let heavy = Share {
+                weight: 2.0,
+                ..runs("heavy", run)
+            };
+            q.push(waiter_at(i, at(i)), &heavy);
+            q.push(waiter_at(1000 + i, at(i)), &runs("light", 1.0));
+        }
+        let first: Vec<u64> = (0..30).filter_map(|_| q.pop_next().map(|w| w.id)).collect();
+        let served_heavy = first.iter().filter(|id| **id < 1000).count();
+        assert_eq!(served_heavy, 20, "2:1 by weight: {first:?}");
+        assert_eq!(
+            first.iter().find(|id| **id < 1000),
+            Some(&15),
+            "heavy's first turn goes to its first short request: {first:?}"
+        );
+    }
+
     #[test]
     fn one_tenant_is_fifo() {
         let mut q = WaitQueue::default();
