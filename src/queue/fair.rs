@@ -100,7 +100,7 @@ impl WaitQueue {
     /// When the waiter [`WaitQueue::pop_next`] would serve is due ([`Share::due`]): what a
     /// node's models take turns by.
     pub fn next_due(&self) -> Option<std::time::Instant> {
-        let i = self.next_index(|_| true)?;
+        let (_, i) = self.next_index(|_| true)?;
         Some(self.items[i].due)
     }
 
@@ -116,35 +116,29 @@ impl WaitQueue {
 
     /// The eligible waiter to serve next: the tenant of the smallest tag (the oldest among
     /// equal tags), and of its eligible waiters the one due first (the oldest among equals).
-    fn next_index(&self, eligible: impl Fn(&Waiter) -> bool) -> Option<usize> {
+    /// Returns (the index holding that turn's tag, the index of the waiter served).
+    fn next_index(&self, eligible: impl Fn(&Waiter) -> bool) -> Option<(usize, usize)> {
         let mut first: Option<usize> = None;
         for (i, it) in self.items.iter().enumerate() {
             if eligible(&it.waiter) && first.is_none_or(|f| it.tag < self.items[f].tag) {
                 first = Some(i);
             }
         }
-        let tenant = &self.items[first?].tenant;
-        let mut best: Option<usize> = None;
+        let turn = first?;
+        let tenant = &self.items[turn].tenant;
+        let mut best = turn;
         for (i, it) in self.items.iter().enumerate() {
-            if eligible(&it.waiter)
-                && it.tenant == *tenant
-                && best.is_none_or(|b| it.due < self.items[b].due)
-            {
-                best = Some(i);
+            if eligible(&it.waiter) && it.tenant == *tenant && it.due < self.items[best].due {
+                best = i;
             }
         }
-        best
+        Some((turn, best))
     }
 
     fn pop_best(&mut self, eligible: impl Fn(&Waiter) -> bool) -> Option<Waiter> {
-        let j = self.next_index(&eligible)?;
         // The turn is its tenant's smallest tag: the one served takes it, the waiter that
         // held it keeps the served one's (the tenant's sequence of tags is unchanged).
-        let i = (0..self.items.len())
-            .filter(|&i| {
-                eligible(&self.items[i].waiter) && self.items[i].tenant == self.items[j].tenant
-            })
-            .min_by(|&a, &b| self.items[a].tag.total_cmp(&self.items[b].tag))?;
+        let (i, j) = self.next_index(&eligible)?;
         let (tag_i, tag_j) = (self.items[i].tag, self.items[j].tag);
         self.items[i].tag = tag_j;
         self.items[j].tag = tag_i;
