@@ -1,4 +1,6 @@
-//! Criterion bench of `routing::decide` at 10, 100 and 1000 nodes with 1 and 4 candidate models.
+//! Criterion bench of `routing::decide` at 10, 100 and 1000 nodes with 1 and 4 candidate models,
+//! and (`decide_batching`) on 1 and 4 full batching servers: 256 seats, each running 256 requests
+//! with predicted ends and 64 waiting.
 //!
 //! `cargo bench --bench decide`
 
@@ -120,9 +122,94 @@ impl Loads for FlatLoads {
     }
 }
 
+/// Full batching servers (vLLM, SGLang): every seat taken by one model, the running requests'
+/// ends known, requests waiting in the gateway.
+struct FullLoads {
+    model: String,
+    ends: Vec<f64>,
+    pending: u32,
+}
+
+impl Loads for FullLoads {
+    fn node_in_flight(&self, _node: usize) -> u32 {
+        self.ends.len() as u32
+    }
+    fn model(&self, _node: usize, model: &str) -> ModelLoad {
+        if model != self.model {
+            return ModelLoad::default();
+        }
+        ModelLoad {
+            in_flight: self.ends.len() as u32,
+            pending: self.pending,
+            ..ModelLoad::default()
+        }
+    }
+    fn rates(&self, node: usize, _model: &str) -> Rates {
+        Rates {
+            prefill_tps: Some(8_000.0 + node as f64),
+            decode_spt: Some(0.02),
+            decode_spt_per_stream: Some(0.0001),
+            service_s: Some(6.0),
+            output_tokens: Some(300.0),
+            observed: 10,
+            last_ms: Some(3_600_000),
+            ..Rates::default()
+        }
+    }
+    fn seat_ends(
+        &self,
+        _node: usize,
+        model: &str,
+        _now_ms: u64,
+        out: &mut Vec<f64>,
+    ) -> Option<fleetgate::routing::LiveDecode> {
+        if model == self.model {
+            out.extend(&self.ends);
+        }
+        None
+    }
+}
+
+fn bench_batching(c: &mut Criterion) {
+    let policy = Policy {
+        mode: Mode::Completion,
+        ..Policy::default()
+    };
+    let seats = 256;
+    let loads = FullLoads {
+        model: MODELS[0].to_string(),
+        ends: (0..seats)
+            .map(|i| 0.05 + f64::from(i % 97) * 0.07)
+            .collect(),
+        pending: 64,
+    };
+    let mut group = c.benchmark_group("decide_batching");
+    for &n in &[1usize, 4] {
+        let mut fleet = fleet(n);
+        for node in &mut fleet.nodes {
+            node.seats = seats;
+            node.hard_cap = 0;
+            for m in &mut node.models {
+                m.loaded = true;
+            }
+        }
+        let req = RouteRequest {
+            models: vec![MODELS[0].to_string()],
+            family: Some(Family::OpenAI),
+            prompt_tokens: 3_000,
+            ..RouteRequest::default()
+        };
+        group.bench_with_input(BenchmarkId::new("1_model", n), &n, |b, _| {
+            b.iter(|| decide(black_box(&req), &fleet, &policy, &loads, 3_600_000))
+        });
+    }
+    group.finish();
+}
+
 fn bench_decide(c: &mut Criterion) {
     bench_mode(c, "decide", Mode::Spec);
     bench_mode(c, "decide_completion", Mode::Completion);
+    bench_batching(c);
 }
 
 fn bench_mode(c: &mut Criterion, name: &str, mode: Mode) {

@@ -446,6 +446,7 @@ fn node_seats(
             loads.seat_ends(idx, &m.name, now_ms, out);
         }
     }
+    completion::sort_ends(out);
     ModelLoad {
         in_flight: node_in_flight,
         pending,
@@ -659,6 +660,8 @@ fn predict_pair<'f>(
     let name = &req.models[pos];
     let own = post.rates[idx * n_models + pos];
     let live = seat_ends(loads, idx, name, &load, now_ms, &mut scratch.ends);
+    // Soonest first, once: what each seat wait reads (`completion::seat_wait`).
+    completion::sort_ends(&mut scratch.ends);
     let node_load = *node_load.get_or_insert_with(|| {
         node_seats(
             loads,
