@@ -223,6 +223,71 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
     });
 }
 
+/// Completion mode's pre-warm does not start a load that only a model in use could make room
+/// for. The runner-up holds x:7b, running a request, and is reading in y:7b for another; the
+/// waiting model fits beside x:7b's weights as the node is polled, not beside y:7b's load as
+/// well. Started, the load would have the node evict a model requests run on (or hold it until
+/// they end) and their next requests bring it back. Once both are idle, the same queue gets
+/// its pre-warm: an idle model is unloaded for it.
+#[test]
+fn prewarm_does_not_load_over_the_models_in_use() {
+    let rt = runtime();
+    let a = sim(
+        &rt,
+        &spec(1, "  - {name: m:7b, size_gb: 5, loaded: true}\n"),
+    );
+    let b = sim(
+        &rt,
+        "seats: 4\ntokens_per_sec: 1000\nttft_ms: 1\nmemory_gb: 12\nreply_tokens: 4\nmodels:\n  - {name: x:7b, size_gb: 4, loaded: true}\n  - {name: y:7b, size_gb: 5, cold_load_ms: 3000}\n  - {name: m:7b, size_gb: 5, cold_load_ms: 20}\n",
+    );
+    let yaml = format!(
+        "queue:\n  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n{}",
+        fleet(&[
+            node("cw-a", &a, "      capacity: 1\n"),
+            node("cw-b", &b, "      capacity: 4\n      memory_gb: 12\n")
+        ])
+    );
+    let gw = Gateway::start(&yaml);
+    rt.block_on(async {
+        // On cw-b x:7b runs (held before its first token) and y:7b is being read in.
+        b.control().hold_first_token(true);
+        let x = spawn_chat(&gw, "x:7b");
+        b.control().wait_parked(1).await;
+        let y = spawn_chat(&gw, "y:7b");
+        a.control().hold_first_token(true);
+        let first = spawn_chat(&gw, "m:7b");
+        a.control().wait_parked(1).await;
+        let rest: Vec<_> = (0..5).map(|_| spawn_chat(&gw, "m:7b")).collect();
+        eventually("five waiting at cw-a", || async { waiting(&gw).await == 5 }).await;
+        // A dozen pre-warm passes while y:7b loads: none loads m:7b on cw-b.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        let text = metrics(&gw).await;
+        assert!(
+            text.contains(r#"fleetgate_queue_prewarms_total{model="m:7b",node="cw-b"} 0"#),
+            "a pre-warm of m:7b on cw-b while x:7b ran and y:7b loaded there: {text}"
+        );
+        // Both done: idle, they make room, and the queue's pre-warm goes ahead.
+        b.control().release();
+        assert_eq!(x.await.unwrap().status(), 200);
+        assert_eq!(y.await.unwrap().status(), 200);
+        eventually("m:7b pre-warmed on cw-b", || async {
+            metrics(&gw)
+                .await
+                .contains(r#"fleetgate_queue_prewarms_total{model="m:7b",node="cw-b"} 1"#)
+        })
+        .await;
+        eventually("m:7b read in on cw-b", || async {
+            b.control().stats().loads.contains(&"m:7b".to_string())
+        })
+        .await;
+        a.control().release();
+        assert_eq!(first.await.unwrap().status(), 200);
+        for r in rest {
+            assert_eq!(r.await.unwrap().status(), 200);
+        }
+    });
+}
+
 /// Requests a node served, from the gateway's own counter.
 async fn served_by(gw: &Gateway, node: &str) -> u64 {
     let text = metrics(gw).await;
