@@ -185,13 +185,23 @@ fn bench_batching(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("decide_batching");
     for &n in &[1usize, 4] {
+        // Every node holds the model, loaded (the mixed fleet gives it to every third).
         let mut fleet = fleet(n);
         for node in &mut fleet.nodes {
             node.seats = seats;
             node.hard_cap = 0;
-            for m in &mut node.models {
-                m.loaded = true;
-            }
+            node.models.retain(|m| m.name != MODELS[0]);
+            node.models.insert(
+                0,
+                ModelView {
+                    name: MODELS[0].into(),
+                    size_gb: 40.0,
+                    loaded: true,
+                    on_disk: true,
+                    max_context: 131_072,
+                    ..ModelView::default()
+                },
+            );
         }
         let req = RouteRequest {
             models: vec![MODELS[0].to_string()],

@@ -254,12 +254,17 @@ fn prewarm_does_not_load_over_the_models_in_use() {
         let x = spawn_chat(&gw, "x:7b");
         b.control().wait_parked(1).await;
         let y = spawn_chat(&gw, "y:7b");
+        // Sent before any m:7b queues (pre-warm looks from then on).
+        eventually("y:7b sent to cw-b", || async {
+            b.control().stats().by_model.get("y:7b") == Some(&1)
+        })
+        .await;
         a.control().hold_first_token(true);
         let first = spawn_chat(&gw, "m:7b");
         a.control().wait_parked(1).await;
         let rest: Vec<_> = (0..5).map(|_| spawn_chat(&gw, "m:7b")).collect();
         eventually("five waiting at cw-a", || async { waiting(&gw).await == 5 }).await;
-        // A dozen pre-warm passes while y:7b loads: none loads m:7b on cw-b.
+        // A dozen pre-warm passes while x:7b and y:7b are in use: none loads m:7b on cw-b.
         tokio::time::sleep(std::time::Duration::from_millis(600)).await;
         let text = metrics(&gw).await;
         assert!(

@@ -201,8 +201,8 @@ pub(super) struct Input<'a> {
     pub twin: Option<Rates>,
     pub needed_tokens: u64,
     pub now_ms: u64,
-    /// Seconds until each request running on the pair is predicted to end (any order; 0 for
-    /// one past its predicted end); empty when none is known.
+    /// Seconds until each request running on the pair is predicted to end, soonest first, one
+    /// past its predicted end at 0 (`sort_ends`); empty when none is known.
     pub seat_ends: &'a [f64],
     /// Requests running (`in_flight`) and waiting (`pending`) on the node across its models,
     /// and the predicted ends of those running (as `seat_ends`); filled by the caller only
@@ -967,11 +967,12 @@ pub(super) fn sort_ends(ends: &mut [f64]) {
 }
 
 /// The seats of a full pair by when each is next free, for [`seat_wait`]: the idle ones (free
-/// now), the running requests' ends (ascending; below 0 read as 0), and the times the waiters placed so far free
-/// theirs again (`again[head..tail]`). Each waiter takes the seat free first and holds it for
-/// the same service, so the seats it frees come in the order it took them: three ascending
-/// runs, merged at their fronts, where keeping one sorted list cost a shift of every seat per
-/// waiter (64 waiters on a 256-seat batching server: 16,000 moves per prediction).
+/// now), the running requests' ends (ascending; below 0 read as 0), and the times the waiters
+/// placed so far free theirs again (`again[head..tail]`). Each waiter takes the seat free
+/// first and holds it for the same service, so the seats it frees come in the order it took
+/// them: three ascending runs, merged at their fronts, where keeping one sorted list cost a
+/// shift of every seat per waiter (64 waiters on a 256-seat batching server: 16,000 moves per
+/// prediction).
 struct FreeSeats<'a> {
     idle: usize,
     ends: &'a [f64],
@@ -1216,7 +1217,7 @@ mod tests {
     #[test]
     fn the_merged_seat_wait_is_the_sorted_lists() {
         // A small deterministic generator: seats 0-300, running 0-320, waiting 0-200, ends
-        // 0-10 s (some past, some equal), services 0-3 s.
+        // 0-10 s (some past, some equal, a few NaN or infinite), services 0-3 s.
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut next = |n: u64| {
             x ^= x << 13;
@@ -1229,7 +1230,14 @@ mod tests {
             let in_flight = next(320) as u32;
             let pending = next(200) as u32;
             let known = in_flight as usize + next(3) as usize;
-            let mut ends: Vec<f64> = (0..known).map(|_| next(101) as f64 / 10.0 - 0.5).collect();
+            let mut ends: Vec<f64> = (0..known)
+                .map(|_| match next(200) {
+                    0 => f64::NAN,
+                    1 => f64::INFINITY,
+                    2 => f64::NEG_INFINITY,
+                    _ => next(101) as f64 / 10.0 - 0.5,
+                })
+                .collect();
             if next(2) == 0 {
                 // As the caller passes them.
                 sort_ends(&mut ends);

@@ -627,9 +627,11 @@ fn predict_cached<'f>(
 /// What one decision's predictions reuse: buffers, and what is read once for all of them.
 #[derive(Default)]
 struct Scratch<'f> {
-    /// The running requests' predicted ends of the pair being predicted (refilled per pair).
+    /// The running requests' predicted ends of the pair being predicted (refilled per pair),
+    /// soonest first, one past its end at 0 (`completion::sort_ends`).
     ends: Vec<f64>,
-    /// Of every pair of a node whose seats are all taken (refilled per node, `node_seats`).
+    /// Of every pair of a node whose seats are all taken (refilled per node, `node_seats`),
+    /// sorted as `ends`.
     node_ends: Vec<f64>,
     /// Of the node's other pairs, read for their live pace only (`node_slowdown`).
     others: Vec<f64>,
