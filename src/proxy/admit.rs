@@ -45,11 +45,9 @@ pub fn pick(
     for (i, c) in decision.ranked.iter().enumerate() {
         // Its place among the pair's waiters: by its predicted run there (completion mode;
         // predicted from priors only, which keep no run apart, by its whole predicted time:
-        // not as if it took none).
-        let share = &crate::queue::Share {
-            run_s: c.predicted_run_s.or(c.predicted_s).unwrap_or(0.0),
-            ..share.clone()
-        };
+        // not as if it took none), at most half the longest wait (`Share::with_run`).
+        let run_s = c.predicted_run_s.or(c.predicted_s).unwrap_or(0.0);
+        let share = &share.with_run(run_s, fleet.config().queue.max_wait_s);
         match fleet.acquire_as(c.node, &c.model, share) {
             Acquire::Ready(lease) => return Pick::Ready(c.clone(), lease),
             Acquire::Refused if i == 0 => return Pick::BreakerRefused,

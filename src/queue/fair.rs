@@ -8,7 +8,8 @@
 //! order is FIFO). A short request that came a little after a long one goes first, one that
 //! came later than the long one's run would take does not: the mean wait falls as under
 //! shortest-job-first, and a request is overtaken only by ones that came less than its own
-//! run after it (so, however loaded the pair, by a bounded number).
+//! run after it, counted at most half of `queue.max_wait_s` (`Share::with_run`): however
+//! loaded the pair, by a bounded number, and a long request is not passed until it times out.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -38,6 +39,17 @@ impl Default for Share {
 }
 
 impl Share {
+    /// This share for a request predicted to hold its seat `run_s` seconds, counted at most
+    /// half of `max_wait_s` (`queue.max_wait_s`, the longest a request waits for a seat): a
+    /// request is overtaken only by ones that came less than its run after it, so a long one
+    /// is not passed by a stream of short ones until it times out.
+    pub fn with_run(&self, run_s: f64, max_wait_s: u64) -> Share {
+        Share {
+            run_s: run_s.min(max_wait_s as f64 / 2.0),
+            ..self.clone()
+        }
+    }
+
     /// When a request waiting since `since` is due: that plus its predicted run.
     pub fn due(&self, since: std::time::Instant) -> std::time::Instant {
         let run = if self.run_s.is_finite() && self.run_s > 0.0 {
@@ -232,6 +244,32 @@ mod tests {
         q.push(waiter_at(10, at(0)), &runs("b", 30.0));
         let order: Vec<u64> = std::iter::from_fn(|| q.pop_next().map(|w| w.id)).collect();
         assert_eq!(order, vec![2, 10, 3, 1]);
+    }
+
+    /// A 100-s run waiting where requests time out after 20 s is due 10 s after it came: a
+    /// 1-s one that comes 8 s later passes it (due at 9 s), one that comes 11 s later does not.
+    #[test]
+    fn a_long_run_is_due_within_half_the_longest_wait() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let long = runs("a", 0.0).with_run(100.0, 20);
+        assert_eq!(long.run_s, 10.0);
+        assert_eq!(
+            runs("a", 0.0).with_run(3.0, 20).run_s,
+            3.0,
+            "a short run as it is"
+        );
+        for (later, first) in [(8, 2), (11, 1)] {
+            let mut q = WaitQueue::default();
+            q.push(waiter_at(1, at(0)), &long);
+            q.push(waiter_at(2, at(later)), &runs("a", 0.0).with_run(1.0, 20));
+            assert_eq!(
+                q.pop_next().map(|w| w.id),
+                Some(first),
+                "came {later} s later"
+            );
+        }
     }
 
     #[test]
