@@ -157,33 +157,41 @@ fn client_that_leaves_the_queue_takes_no_seat() {
     );
 }
 
-/// A gateway checking pre-warm and rebalance every 50 ms over a one-seat node and a four-seat
-/// runner-up (`extra`: more of the runner-up's config).
+/// `busy`, a one-seat node holding m:7b loaded, and `runner_up` (`spec`, four seats in the
+/// gateway's config, `extra` more of it), behind a gateway checking pre-warm and rebalance
+/// every 50 ms.
 fn busy_and_runner_up(
-    (busy_id, busy): (&str, &fleetgate::sim::SimHandle),
-    (id, runner_up, extra): (&str, &fleetgate::sim::SimHandle, &str),
-) -> Gateway {
-    Gateway::start(&format!(
+    rt: &tokio::runtime::Runtime,
+    (busy, runner_up): (&str, &str),
+    (runner_up_spec, extra): (&str, &str),
+) -> (
+    fleetgate::sim::SimHandle,
+    fleetgate::sim::SimHandle,
+    Gateway,
+) {
+    let a = sim(rt, &spec(1, "  - {name: m:7b, size_gb: 5, loaded: true}\n"));
+    let b = sim(rt, runner_up_spec);
+    let gw = Gateway::start(&format!(
         "queue:\n  prewarm_interval_ms: 50\n  rebalance_interval_ms: 50\n{}",
         fleet(&[
-            node(busy_id, busy, "      capacity: 1\n"),
-            node(id, runner_up, &format!("      capacity: 4\n{extra}"))
+            node(busy, &a, "      capacity: 1\n"),
+            node(runner_up, &b, &format!("      capacity: 4\n{extra}"))
         ])
-    ))
+    ));
+    (a, b, gw)
 }
 
 #[test]
 fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
     let rt = runtime();
-    let a = sim(
+    let (a, b, gw) = busy_and_runner_up(
         &rt,
-        &spec(1, "  - {name: m:7b, size_gb: 5, loaded: true}\n"),
+        ("pw-a", "pw-b"),
+        (
+            &spec(4, "  - {name: m:7b, size_gb: 5, cold_load_ms: 20}\n"),
+            "",
+        ),
     );
-    let b = sim(
-        &rt,
-        &spec(4, "  - {name: m:7b, size_gb: 5, cold_load_ms: 20}\n"),
-    );
-    let gw = busy_and_runner_up(("pw-a", &a), ("pw-b", &b, ""));
     rt.block_on(async {
         a.control().hold_first_token(true);
         let first = spawn_chat(&gw, "m:7b");
@@ -240,15 +248,14 @@ fn prewarm_loads_the_runner_up_once_and_rebalance_moves_waiters_there() {
 #[test]
 fn prewarm_does_not_load_over_the_models_in_use() {
     let rt = runtime();
-    let a = sim(
+    let (a, b, gw) = busy_and_runner_up(
         &rt,
-        &spec(1, "  - {name: m:7b, size_gb: 5, loaded: true}\n"),
+        ("cw-a", "cw-b"),
+        (
+            "seats: 4\ntokens_per_sec: 1000\nttft_ms: 1\nmemory_gb: 12\nreply_tokens: 4\nmodels:\n  - {name: x:7b, size_gb: 4, loaded: true}\n  - {name: y:7b, size_gb: 5, cold_load_ms: 3000}\n  - {name: m:7b, size_gb: 5, cold_load_ms: 20}\n",
+            "      memory_gb: 12\n",
+        ),
     );
-    let b = sim(
-        &rt,
-        "seats: 4\ntokens_per_sec: 1000\nttft_ms: 1\nmemory_gb: 12\nreply_tokens: 4\nmodels:\n  - {name: x:7b, size_gb: 4, loaded: true}\n  - {name: y:7b, size_gb: 5, cold_load_ms: 3000}\n  - {name: m:7b, size_gb: 5, cold_load_ms: 20}\n",
-    );
-    let gw = busy_and_runner_up(("cw-a", &a), ("cw-b", &b, "      memory_gb: 12\n"));
     rt.block_on(async {
         // On cw-b x:7b runs (held before its first token) and y:7b is being read in.
         b.control().hold_first_token(true);

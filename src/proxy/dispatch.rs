@@ -266,12 +266,10 @@ impl Dispatch {
                 .map_or(0.0, |w| w.max(0.0));
             let passed_s = wait_s.min(self.queue_wait.as_secs_f64());
             // Placed cold, found in: none of the load it was predicted is left.
-            let load_s = match (st.found_loaded, choice.predicted_first_s) {
-                (true, Some(first)) => {
-                    (first - wait_s - choice.predicted_prefill_s.unwrap_or(0.0)).max(0.0)
-                }
-                _ => 0.0,
-            };
+            let load_s = choice
+                .predicted_load_s
+                .filter(|_| st.found_loaded)
+                .map_or(0.0, |l| l.max(0.0));
             match (choice.predicted_run_s, choice.predicted_s) {
                 (Some(run_s), _) => {
                     let left_s = (run_s - load_s).max(0.0) + wait_s - passed_s;
@@ -373,6 +371,7 @@ mod tests {
             predicted_run_s: None,
             predicted_first_s: None,
             predicted_prefill_s: None,
+            predicted_load_s: None,
             predicted_output_tokens: None,
             cached_tokens: 0,
             seat_test: None,

@@ -366,6 +366,7 @@ fn decide_once(
                 predicted_prefill_s: prediction
                     .map(|p| p.first_s - p.wait_s - p.load_s)
                     .filter(|s| s.is_finite()),
+                predicted_load_s: known.map(|p| p.load_s).filter(|s| s.is_finite()),
                 predicted_output_tokens: prediction
                     .filter(|p| p.from_priors)
                     .map(|p| p.output_tokens)

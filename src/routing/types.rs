@@ -597,6 +597,11 @@ pub struct Choice {
     /// byte less it is what the load took, `fleet::PairRates::came_in`); from priors too.
     #[serde(skip)]
     pub predicted_prefill_s: Option<f64>,
+    /// Completion mode: of `predicted_first_s` and `predicted_run_s`, the load it waits for
+    /// (0 when loaded): what none is left of when it is sent after its model came in
+    /// (`proxy::Dispatch::start_prefill`). `None` from priors, as `predicted_first_s`.
+    #[serde(skip)]
+    pub predicted_load_s: Option<f64>,
     /// Completion mode, predicted from priors only (no end recorded for its seat): the
     /// answer's length it was priced at, which the pace it streams at turns into an end
     /// (`fleet::SeatEnds::read`).
