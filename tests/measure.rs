@@ -335,6 +335,41 @@ fn a_node_known_by_its_url_only_that_lists_several_models_is_measured_on_the_one
     );
 }
 
+/// Two servers known by their URLs only that list the same two models: each holds both as
+/// far as the other can tell (such a node hides its loads), so neither is the fleet's more.
+/// Each is measured on the smaller, `small:3b` (the parameters its name states), not on
+/// `mid:14b`, first by name, which asking would load (9 GB, over the model its users run).
+#[test]
+fn of_models_the_fleet_shares_alike_a_node_known_by_its_url_is_measured_on_the_smallest() {
+    let rt = runtime();
+    let (a, b) = (sim(&rt, WORKSTATION), sim(&rt, WORKSTATION));
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        fleet(&[node_by_url("ws-a", &a), node_by_url("ws-b", &b)])
+    ));
+    rt.block_on(async {
+        eventually("both measured", || async {
+            let r = explain(&gw, "/fleet/explain", &ask("which node?")).await;
+            ["ws-a", "ws-b"]
+                .iter()
+                .all(|n| row(&r, n).is_some_and(|x| x["observed"].as_u64() >= Some(1)))
+        })
+        .await;
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    for ws in [&a, &b] {
+        let stats = ws.control().stats();
+        assert_eq!(stats.by_model.get("mid:14b"), None, "{:?}", stats.by_model);
+        assert!(stats.loads.is_empty(), "nothing loaded: {:?}", stats.loads);
+        assert_eq!(
+            stats.by_model.get("small:3b"),
+            Some(&3),
+            "{:?}",
+            stats.by_model
+        );
+    }
+}
+
 /// A server known by its URL only that lists one model, asleep: its first answer waits
 /// 1.5 s for the model to load, and nothing says so. The gateway wakes it with a first ask it
 /// does not learn from, then measures: the rates are the node's, not the wake's.

@@ -88,7 +88,7 @@ fn params_b(name: &str) -> Option<f64> {
 
 /// Size for ranking: weights on disk, else what the name says (a q4 weight is ~0.6 GB per
 /// billion parameters); OpenAI-compatible servers report no sizes.
-fn rank_size(name: &str, size_gb: f64) -> f64 {
+pub fn rank_size(name: &str, size_gb: f64) -> f64 {
     if size_gb > 0.0 {
         size_gb
     } else {

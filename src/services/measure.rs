@@ -16,9 +16,10 @@
 //! learned from: such a node hides its loads (a sleeping server wakes, LM Studio loads on
 //! demand), so a first answer's time could be a load nobody reports, taken for the model's
 //! prefill. Of several listed (each could be loaded in turn), only the one most other nodes
-//! hold in memory (first by name of equals; none if no other holds any), until any of the
-//! node's models answered (`to_pace`): its pace against the fleet prices the others. The
-//! prompt starts with a nonce, so no prefix cache answers it from an earlier run.
+//! hold in memory (of equals the smallest, by its size or the parameters its name states,
+//! then by name; none if no other holds any), until any of the node's models answered
+//! (`to_pace`): its pace against the fleet prices the others. The prompt starts with a nonce,
+//! so no prefix cache answers it from an earlier run.
 //!
 //! When: one model at a time per node, nodes in parallel, every `health.poll_interval`; only
 //! while the node is idle (no request of this gateway's on it, none its backend says it runs
@@ -213,8 +214,9 @@ fn pending(
 /// Of a node that lists several models and may load each on demand, the one to measure: none
 /// once any of its models answered (its pace against the fleet is known,
 /// `routing::completion::NodePace`), else, of those not yet tried out (`untried`), the one the
-/// most other nodes hold in memory (the pace is read on models others answer too), first by
-/// name of equals; none that another holds, none (no pace to read). Its first ask may load it:
+/// most other nodes hold in memory (the pace is read on models others answer too), of equals
+/// the smallest (`routing::rank_size`: such a node reports no sizes, so mostly what the name
+/// states), then by name; none that another holds, none (no pace to read). Its first ask may load it:
 /// one load, at start, instead of every model's first requests there priced as a typical
 /// node's (on a 32-node fleet the fast boxes' small model was priced as the slow boxes' until
 /// tried). None (outer): not yet decidable, an online node not yet polled.
@@ -248,15 +250,19 @@ fn to_pace<'a>(
             holding[k] += usize::from(live.models.iter().any(|o| o.loaded && o.name == m.name));
         }
     }
-    // The first of the most held (`max_by_key` keeps the last of equals).
+    // The most held; of equals the smallest (a load, if it takes one, that is quickest and
+    // leaves the most room: every model such a node lists looks loaded), then by name.
+    let size = |m: &LiveModel| crate::routing::rank_size(&m.name, m.size_gb);
     let best = models
         .iter()
         .zip(holding)
         .filter(|(m, _)| m.loaded && untried(&m.name.as_str()))
-        .map(|(m, n)| (n, m.name.as_str()))
-        .rev()
-        .max_by_key(|(n, _)| *n);
-    Some(best.filter(|(n, _)| *n > 0).map(|(_, name)| name))
+        .min_by(|(a, n), (b, k)| {
+            k.cmp(n)
+                .then(size(a).total_cmp(&size(b)))
+                .then(a.name.cmp(&b.name))
+        });
+    Some(best.filter(|(_, n)| *n > 0).map(|(m, _)| m.name.as_str()))
 }
 
 /// The request body for `model`, in the node's native protocol. On Ollama the window the
