@@ -775,6 +775,52 @@ fn fake_backend(rt: &tokio::runtime::Runtime, routes: Vec<(&'static str, String)
     format!("http://{addr}")
 }
 
+/// Servers given as `backend: openai` are asked once whether they say their seats: SGLang's
+/// `/get_server_info` (its scheduler's count when the flag was not given), llama.cpp's
+/// `/props`. Those that do are sent that many at once, from `backend`; one that says nothing
+/// keeps a batching server's default until answers show more.
+#[test]
+fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
+    let rt = runtime();
+    let models =
+        |id: &str| format!(r#"{{"object":"list","data":[{{"id":"{id}","object":"model"}}]}}"#);
+    let sglang = fake_backend(
+        &rt,
+        vec![
+            ("/v1/models", models("qwen")),
+            ("/get_server_info", r#"{"max_running_requests":null,"version":"0.4.6","internal_states":[{"max_running_requests":48}]}"#.into()),
+        ],
+    );
+    let llama = fake_backend(
+        &rt,
+        vec![
+            ("/v1/models", models("gemma")),
+            (
+                "/props",
+                r#"{"default_generation_settings":{"n_ctx":8192},"total_slots":3}"#.into(),
+            ),
+        ],
+    );
+    let plain = fake_backend(&rt, vec![("/v1/models", models("phi"))]);
+    let gw = Gateway::start(&format!(
+        "fleet:\n  nodes:\n    - {{id: sg, url: \"{sglang}\", backend: openai}}\n    - {{id: lc, url: \"{llama}\", backend: openai}}\n    - {{id: plain, url: \"{plain}\", backend: openai}}\n"
+    ));
+    rt.block_on(async {
+        for (id, seats, from) in [
+            ("sg", 48, "backend"),
+            ("lc", 3, "backend"),
+            ("plain", 64, "default_batching"),
+        ] {
+            let n = node_status(&gw, id).await;
+            assert_eq!(
+                (n["seats"].as_u64(), n["seats_from"].as_str()),
+                (Some(seats), Some(from)),
+                "{n:#}"
+            );
+        }
+    });
+}
+
 #[test]
 fn vllm_metrics_and_llamacpp_slots_are_polled() {
     let rt = runtime();

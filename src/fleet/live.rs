@@ -34,6 +34,9 @@ pub enum PollReport {
 pub struct NodeLive {
     /// Wire protocols learned by probing (nodes without `protocols:`), once answered.
     pub probed_families: Option<Vec<crate::routing::Family>>,
+    /// `backend: openai`: the seats the server said when asked once (SGLang's
+    /// `max_running_requests`, llama.cpp's `total_slots`); `Some(None)`: asked, none said.
+    pub probed_seats: Option<Option<u32>>,
     pub health: Health,
     /// At least one poll answered.
     pub polled: bool,

@@ -1,7 +1,8 @@
 //! Health poller: asks each node's backend what it has, every `health.poll_interval`, one file
-//! per backend kind (Ollama `/api/tags` + `/api/ps`; OpenAI-style `/v1/models`; vLLM adds
-//! `/metrics`; llama.cpp adds `/props` + `/slots`), and feeds the fleet state. A node that fails
-//! `failures_before_offline` polls in a row is offline; when it answers again it is in warmup.
+//! per backend kind (Ollama `/api/tags` + `/api/ps`; OpenAI-style `/v1/models`, and once
+//! whether the server says its seats, `probe::seats`; vLLM adds `/metrics`; llama.cpp adds
+//! `/props` + `/slots`), and feeds the fleet state. A node that fails `failures_before_offline`
+//! polls in a row is offline; when it answers again it is in warmup.
 //!
 //! Pingora's `pingora-load-balancing` health checks were considered: their `HealthCheck::check`
 //! returns only up/down, while routing needs what the backend reports (models, sizes, context,
@@ -75,10 +76,25 @@ impl HealthPoller {
 /// Poll node `idx` of `fleet` and apply the report.
 pub async fn poll_and_apply(fleet: &Fleet, client: &reqwest::Client, idx: usize) -> bool {
     let cfg = fleet.node_config(idx);
-    let report = match poll_backend(client, cfg.backend, cfg.addr).await {
+    let polled = poll_backend(client, cfg.backend, cfg.addr).await;
+    // A server behind `backend: openai` is asked once, after its first answer, whether it says
+    // its seats (SGLang, llama.cpp): they then count as the backend's, not assumed.
+    let asked = fleet.node(idx).live.lock().probed_seats;
+    let said = match (&polled, asked) {
+        (Ok(_), None) if cfg.backend == Backend::Openai => {
+            let said = probe::seats(client, cfg.addr).await;
+            if let Some(n) = said {
+                log::info!("node {}: says it runs {n} requests at once", cfg.id);
+            }
+            fleet.node(idx).live.lock().probed_seats = Some(said);
+            said
+        }
+        (_, asked) => asked.flatten(),
+    };
+    let report = match polled {
         Ok(p) => PollReport::Ok {
             models: p.models,
-            seats: p.seats,
+            seats: p.seats.or(said),
             now_ms: now_ms(),
         },
         Err(error) => {

@@ -20,6 +20,46 @@ pub async fn families(client: &reqwest::Client, backend: Backend, addr: SocketAd
     out
 }
 
+/// The requests an OpenAI-compatible server at `addr` says it runs at once: SGLang's
+/// `GET /get_server_info` `max_running_requests` (at the top, or in its first
+/// `internal_states` when the flag was not given), else llama.cpp's `GET /props`
+/// `total_slots`; `None` when neither answers with a count.
+pub async fn seats(client: &reqwest::Client, addr: SocketAddr) -> Option<u32> {
+    let base = format!("http://{addr}");
+    let get = |path: &str| {
+        let url = format!("{base}{path}");
+        async move {
+            let r = client.get(url).send().await.ok()?;
+            r.status().is_success().then_some(())?;
+            r.json::<serde_json::Value>().await.ok()
+        }
+    };
+    if let Some(n) = get("/get_server_info")
+        .await
+        .as_ref()
+        .and_then(sglang_seats)
+    {
+        return Some(n);
+    }
+    get("/props")
+        .await
+        .as_ref()
+        .and_then(|p| count(&p["total_slots"]))
+}
+
+/// SGLang's `max_running_requests`: the server argument, else what its scheduler reports.
+fn sglang_seats(info: &serde_json::Value) -> Option<u32> {
+    count(&info["max_running_requests"])
+        .or_else(|| count(&info["internal_states"][0]["max_running_requests"]))
+}
+
+/// A positive count.
+fn count(v: &serde_json::Value) -> Option<u32> {
+    v.as_u64()
+        .filter(|n| *n > 0)
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
 async fn speaks_ollama(client: &reqwest::Client, base: &str) -> bool {
     let Ok(r) = client.get(format!("{base}/api/tags")).send().await else {
         return false;
@@ -41,4 +81,21 @@ async fn speaks_anthropic(client: &reqwest::Client, base: &str) -> bool {
         .send()
         .await;
     r.is_ok_and(|r| matches!(r.status().as_u16(), 400 | 422))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sglang_says_its_seats_as_an_argument_or_as_its_scheduler_runs_them() {
+        let given = json!({"max_running_requests": 48, "internal_states": [{}]});
+        assert_eq!(sglang_seats(&given), Some(48));
+        let computed = json!({"max_running_requests": null,
+            "internal_states": [{"max_running_requests": 2048, "last_gen_throughput": 0.0}]});
+        assert_eq!(sglang_seats(&computed), Some(2048));
+        assert_eq!(sglang_seats(&json!({"version": "0.4.6"})), None);
+        assert_eq!(sglang_seats(&json!({"max_running_requests": 0})), None);
+    }
 }
