@@ -295,3 +295,19 @@ async fn embeddings_and_pull() {
         .any(|m| m["name"] == "mistral:7b"));
     h.shutdown().await;
 }
+
+/// A node set to say its seats answers llama.cpp's `GET /props` with them (what a gateway
+/// given only its URL asks); by default it has no such endpoint, as Ollama and vLLM do not.
+#[tokio::test]
+async fn a_node_that_says_its_seats_answers_props() {
+    let (_h, base, c) = node(spec()).await;
+    let r = c.get(format!("{base}/props")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let (_h, base, c) = node(fleetgate::sim::SimSpec {
+        seats: 6,
+        says_seats: true,
+        ..spec()
+    })
+    .await;
+    assert_eq!(get(&c, format!("{base}/props")).await["total_slots"], 6);
+}

@@ -197,18 +197,24 @@ impl Scenario {
         Ok(())
     }
 
-    /// Every concrete node, replicas expanded (each replica gets its own seed).
+    /// Every concrete node, replicas expanded (each replica gets its own seed). With
+    /// `FLEETGATE_BENCH_SEATS=said`, each says its seats as llama.cpp's server does
+    /// (`SimSpec::says_seats`): nodes by URL only then have them from the backend, as an
+    /// SGLang or llama.cpp server's do.
     pub fn nodes(&self) -> Vec<Node> {
+        let said = std::env::var("FLEETGATE_BENCH_SEATS").is_ok_and(|v| v == "said");
         let mut out = Vec::new();
         for d in &self.nodes {
+            let mut sim = d.sim.clone();
+            sim.says_seats |= said;
             match d.replicas {
                 None => out.push(Node {
                     id: d.id.clone(),
-                    spec: d.sim.clone(),
+                    spec: sim,
                 }),
                 Some(n) => {
                     for i in 1..=n {
-                        let mut spec = d.sim.clone();
+                        let mut spec = sim.clone();
                         spec.seed = spec.seed.wrapping_add(i as u64);
                         out.push(Node {
                             id: format!("{}-{i}", d.id),

@@ -157,6 +157,9 @@ fn router(ctl: Arc<SimControl>, serves: &[Family]) -> Router {
     if serves.contains(&Family::Anthropic) {
         r = r.route("/v1/messages", post(anthropic::messages));
     }
+    if ctl.spec.says_seats {
+        r = r.route("/props", get(openai_extra::props));
+    }
     r.fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ctl)

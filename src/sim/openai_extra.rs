@@ -37,6 +37,15 @@ pub(crate) async fn models(State(ctl): State<Arc<SimControl>>) -> Response {
     json(StatusCode::OK, json!({"object": "list", "data": data}))
 }
 
+/// llama.cpp's `GET /props`, as far as a gateway reads it: the slots (`says_seats`).
+pub(crate) async fn props(State(ctl): State<Arc<SimControl>>) -> Response {
+    ctl.record("/props", 0, "");
+    if let Err(r) = hang_if_faulted(&ctl).await {
+        return r;
+    }
+    json(StatusCode::OK, json!({"total_slots": ctl.spec.seats}))
+}
+
 pub(crate) async fn model(State(ctl): State<Arc<SimControl>>, Path(id): Path<String>) -> Response {
     ctl.record("/v1/models/{model}", 0, &id);
     if let Err(r) = hang_if_faulted(&ctl).await {

@@ -65,6 +65,10 @@ pub struct SimSpec {
     /// older count of only the tokens prefilled, and no cached count).
     #[serde(default)]
     pub ollama_cached_count: bool,
+    /// Says its seats as llama.cpp's server does: `GET /props` answers `total_slots` (what a
+    /// gateway given only its URL asks; Ollama and vLLM say none). Default off.
+    #[serde(default)]
+    pub says_seats: bool,
     /// Models on disk.
     pub models: Vec<SimModel>,
 }
@@ -140,6 +144,7 @@ impl Default for SimSpec {
             prefill_parallel: 0,
             seats_per_model: false,
             ollama_cached_count: false,
+            says_seats: false,
             models: Vec::new(),
         }
     }
