@@ -775,10 +775,11 @@ fn fake_backend(rt: &tokio::runtime::Runtime, routes: Vec<(&'static str, String)
     format!("http://{addr}")
 }
 
-/// Servers given as `backend: openai` are asked once whether they say their seats: SGLang's
-/// `/get_server_info` (its scheduler's count when the flag was not given), llama.cpp's
-/// `/props`. Those that do are sent that many at once, from `backend`; one that says nothing
-/// keeps a batching server's default until answers show more.
+/// Servers given as `backend: openai` are asked whether they say their seats: SGLang's
+/// `/get_server_info` (the flag it was started with; without it, SGLang's ceiling of thousands
+/// is not taken), llama.cpp's `/props`, asked again after an ask nothing answered (a 503).
+/// Those that say them are sent that many at once, from `backend`; the others keep a batching
+/// server's default until answers show more.
 #[test]
 fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
     let rt = runtime();
@@ -788,26 +789,57 @@ fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
         &rt,
         vec![
             ("/v1/models", models("qwen")),
-            ("/get_server_info", r#"{"max_running_requests":null,"version":"0.4.6","internal_states":[{"max_running_requests":48}]}"#.into()),
+            ("/get_server_info", r#"{"max_running_requests":48,"version":"0.4.6","internal_states":[{"max_running_requests":48}]}"#.into()),
         ],
     );
-    let llama = fake_backend(
+    let sglang_auto = fake_backend(
         &rt,
         vec![
-            ("/v1/models", models("gemma")),
-            (
-                "/props",
-                r#"{"default_generation_settings":{"n_ctx":8192},"total_slots":3}"#.into(),
-            ),
+            ("/v1/models", models("qwen")),
+            ("/get_server_info", r#"{"max_running_requests":null,"internal_states":[{"max_running_requests":2048}]}"#.into()),
         ],
     );
+    // llama.cpp, busy at the first ask: `/props` answers 503 once, then its slots.
+    let asks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let llama = {
+        let asks = asks.clone();
+        let body = models("gemma");
+        let app = axum::Router::new()
+            .route(
+                "/v1/models",
+                axum::routing::get(move || async move { body }),
+            )
+            .route(
+                "/props",
+                axum::routing::get(move || async move {
+                    match asks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                        0 => (axum::http::StatusCode::SERVICE_UNAVAILABLE, String::new()),
+                        _ => (
+                            axum::http::StatusCode::OK,
+                            r#"{"total_slots":3}"#.to_string(),
+                        ),
+                    }
+                }),
+            );
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = l.local_addr().unwrap();
+        rt.spawn(async move { axum::serve(l, app).await });
+        format!("http://{addr}")
+    };
     let plain = fake_backend(&rt, vec![("/v1/models", models("phi"))]);
     let gw = Gateway::start(&format!(
-        "fleet:\n  nodes:\n    - {{id: sg, url: \"{sglang}\", backend: openai}}\n    - {{id: lc, url: \"{llama}\", backend: openai}}\n    - {{id: plain, url: \"{plain}\", backend: openai}}\n"
+        "health:\n  poll_interval_ms: 100\nfleet:\n  nodes:\n    - {{id: sg, url: \"{sglang}\", backend: openai}}\n    - {{id: sg-auto, url: \"{sglang_auto}\", backend: openai}}\n    - {{id: lc, url: \"{llama}\", backend: openai}}\n    - {{id: plain, url: \"{plain}\", backend: openai}}\n"
     ));
     rt.block_on(async {
+        eventually("llama.cpp asked again", || async {
+            node_status(&gw, "lc").await["seats"] == 3
+        })
+        .await;
         for (id, seats, from) in [
             ("sg", 48, "backend"),
+            ("sg-auto", 64, "default_batching"),
             ("lc", 3, "backend"),
             ("plain", 64, "default_batching"),
         ] {
@@ -818,7 +850,14 @@ fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
                 "{n:#}"
             );
         }
+        // Several polls since: an answer is not asked for again.
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     });
+    assert_eq!(
+        asks.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the 503, then the answer"
+    );
 }
 
 #[test]

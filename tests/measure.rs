@@ -335,14 +335,16 @@ fn a_node_known_by_its_url_only_that_lists_several_models_is_measured_on_the_one
     );
 }
 
-/// Two servers known by their URLs only that list the same two models: each holds both as
-/// far as the other can tell (such a node hides its loads), so neither is the fleet's more.
-/// Each is measured on the smaller, `small:3b` (the parameters its name states), not on
-/// `mid:14b`, first by name, which asking would load (9 GB, over the model its users run).
+/// Two servers known by their URLs only that list the same three models: each holds all as
+/// far as the other can tell (such a node hides its loads), so none is the fleet's more.
+/// Each is measured on the smallest, `small:3b` (the parameters its name states), not on
+/// `mid:14b`, first by name, which asking would load (9 GB, over the model its users run), nor
+/// on `assistant`, whose size nothing states (it could be the largest).
 #[test]
 fn of_models_the_fleet_shares_alike_a_node_known_by_its_url_is_measured_on_the_smallest() {
     let rt = runtime();
-    let (a, b) = (sim(&rt, WORKSTATION), sim(&rt, WORKSTATION));
+    let three = format!("{WORKSTATION}  - {{name: assistant, size_gb: 40, loaded: true}}\n");
+    let (a, b) = (sim(&rt, &three), sim(&rt, &three));
     let gw = Gateway::start(&format!(
         "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
         fleet(&[node_by_url("ws-a", &a), node_by_url("ws-b", &b)])
@@ -360,6 +362,12 @@ fn of_models_the_fleet_shares_alike_a_node_known_by_its_url_is_measured_on_the_s
     for ws in [&a, &b] {
         let stats = ws.control().stats();
         assert_eq!(stats.by_model.get("mid:14b"), None, "{:?}", stats.by_model);
+        assert_eq!(
+            stats.by_model.get("assistant"),
+            None,
+            "{:?}",
+            stats.by_model
+        );
         assert!(stats.loads.is_empty(), "nothing loaded: {:?}", stats.loads);
         assert_eq!(
             stats.by_model.get("small:3b"),

@@ -30,13 +30,32 @@ pub enum PollReport {
     },
 }
 
+/// Whether a server behind `backend: openai` was asked how many requests it runs at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum SeatsAsked {
+    /// Not yet; again once the node was offline or its config replaced (it may be another
+    /// server now).
+    #[default]
+    Unasked,
+    /// A poll is asking; the others meanwhile take what the node reported last.
+    Asking,
+    /// Asked this many times without an answer (no connection, a timeout, a 5xx); asked again
+    /// at the next poll, up to `MAX_SEATS_ASKS`.
+    Failed(u8),
+    /// It answered: the seats it said, or none (no such endpoint, no count in it).
+    Answered(Option<u32>),
+}
+
+/// Asks of a server's seats that may go unanswered before the gateway stops asking.
+pub const MAX_SEATS_ASKS: u8 = 3;
+
 #[derive(Debug, Clone, Default)]
 pub struct NodeLive {
     /// Wire protocols learned by probing (nodes without `protocols:`), once answered.
     pub probed_families: Option<Vec<crate::routing::Family>>,
-    /// `backend: openai`: the seats the server said when asked once (SGLang's
-    /// `max_running_requests`, llama.cpp's `total_slots`); `Some(None)`: asked, none said.
-    pub probed_seats: Option<Option<u32>>,
+    /// `backend: openai`: whether the server was asked for its seats, and what it said
+    /// (`services::health::probe::seats`).
+    pub seats_asked: SeatsAsked,
     pub health: Health,
     /// At least one poll answered.
     pub polled: bool,
@@ -152,6 +171,8 @@ impl NodeLive {
                     && self.health != Health::Offline
                 {
                     self.health = Health::Offline;
+                    // What answers when it comes back may be another server.
+                    self.seats_asked = SeatsAsked::Unasked;
                     return true;
                 }
                 false

@@ -34,7 +34,7 @@ pub use calibrate::Calibration;
 pub use counters::{is_stall, ModelCounters, Progress, END_UNKNOWN};
 pub use heartbeat::{AgentState, BackendReport, Heartbeat};
 pub use learning::{Learner, LearnerStore, Sample};
-pub use live::{LiveModel, NodeLive, PollReport};
+pub use live::{LiveModel, NodeLive, PollReport, SeatsAsked, MAX_SEATS_ASKS};
 pub use prefix::PrefixMemory;
 pub use presence::{effective_health, AdminControl, HealthInputs};
 pub use rates::{Observation, PairRates, RatesStore, FLOOR_TTFT_S};
@@ -363,6 +363,8 @@ impl Fleet {
         let mut configs = Vec::clone(&self.configs.load());
         configs[idx] = Arc::new(cfg);
         self.configs.store(Arc::new(configs));
+        // Its URL or backend may have changed: what the server said of its seats is asked anew.
+        self.node(idx).live.lock().seats_asked = live::SeatsAsked::Unasked;
     }
 
     fn store_config(&self, config: Arc<Config>) {

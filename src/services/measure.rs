@@ -216,7 +216,8 @@ fn pending(
 /// `routing::completion::NodePace`), else, of those not yet tried out (`untried`), the one the
 /// most other nodes hold in memory (the pace is read on models others answer too), of equals
 /// the smallest (`routing::rank_size`: such a node reports no sizes, so mostly what the name
-/// states), then by name; none that another holds, none (no pace to read). Its first ask may load it:
+/// states; one of unknown size last), then by name, never an embedding model; none that
+/// another holds, none (no pace to read). Its first ask may load it:
 /// one load, at start, instead of every model's first requests there priced as a typical
 /// node's (on a 32-node fleet the fast boxes' small model was priced as the slow boxes' until
 /// tried). None (outer): not yet decidable, an online node not yet polled.
@@ -251,12 +252,16 @@ fn to_pace<'a>(
         }
     }
     // The most held; of equals the smallest (a load, if it takes one, that is quickest and
-    // leaves the most room: every model such a node lists looks loaded), then by name.
-    let size = |m: &LiveModel| crate::routing::rank_size(&m.name, m.size_gb);
+    // leaves the most room: every model such a node lists looks loaded), one of unknown size
+    // last, then by name. Never an embedding model (it does not chat).
+    let size = |m: &LiveModel| match crate::routing::rank_size(&m.name, m.size_gb) {
+        s if s > 0.0 => s,
+        _ => f64::INFINITY,
+    };
     let best = models
         .iter()
         .zip(holding)
-        .filter(|(m, _)| m.loaded && untried(&m.name.as_str()))
+        .filter(|(m, _)| m.loaded && !m.name.contains("embed") && untried(&m.name.as_str()))
         .min_by(|(a, n), (b, k)| {
             k.cmp(n)
                 .then(size(a).total_cmp(&size(b)))

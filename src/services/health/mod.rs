@@ -77,19 +77,9 @@ impl HealthPoller {
 pub async fn poll_and_apply(fleet: &Fleet, client: &reqwest::Client, idx: usize) -> bool {
     let cfg = fleet.node_config(idx);
     let polled = poll_backend(client, cfg.backend, cfg.addr).await;
-    // A server behind `backend: openai` is asked once, after its first answer, whether it says
-    // its seats (SGLang, llama.cpp): they then count as the backend's, not assumed.
-    let asked = fleet.node(idx).live.lock().probed_seats;
-    let said = match (&polled, asked) {
-        (Ok(_), None) if cfg.backend == Backend::Openai => {
-            let said = probe::seats(client, cfg.addr).await;
-            if let Some(n) = said {
-                log::info!("node {}: says it runs {n} requests at once", cfg.id);
-            }
-            fleet.node(idx).live.lock().probed_seats = Some(said);
-            said
-        }
-        (_, asked) => asked.flatten(),
+    let said = match &polled {
+        Ok(_) if cfg.backend == Backend::Openai => said_seats(fleet, client, idx).await,
+        _ => None,
     };
     let report = match polled {
         Ok(p) => PollReport::Ok {
@@ -112,6 +102,52 @@ pub async fn poll_and_apply(fleet: &Fleet, client: &reqwest::Client, idx: usize)
     }
     let threshold = fleet.config().health.failures_before_offline;
     fleet.apply_poll(idx, report, threshold)
+}
+
+/// The seats a server behind `backend: openai` says (SGLang, llama.cpp: they then count as the
+/// backend's, not assumed), asked once it answers a poll: once, or again after an ask nothing
+/// answered (at most `MAX_SEATS_ASKS`), and anew after the node was offline or its config
+/// replaced. While another poll asks, what the node reported last.
+async fn said_seats(fleet: &Fleet, client: &reqwest::Client, idx: usize) -> Option<u32> {
+    use crate::fleet::{SeatsAsked, MAX_SEATS_ASKS};
+    let (cfg, node) = (fleet.node_config(idx), fleet.node(idx));
+    let before = {
+        let mut live = node.live.lock();
+        match live.seats_asked {
+            SeatsAsked::Answered(said) => return said,
+            SeatsAsked::Asking => return live.seats,
+            SeatsAsked::Failed(n) if n >= MAX_SEATS_ASKS => return None,
+            before => {
+                live.seats_asked = SeatsAsked::Asking;
+                before
+            }
+        }
+    };
+    let asked = probe::seats(client, cfg.addr).await;
+    let now = match asked {
+        Ok(said) => {
+            if let Some(n) = said {
+                log::info!("node {}: says it runs {n} requests at once", cfg.id);
+            }
+            SeatsAsked::Answered(said)
+        }
+        Err(error) => {
+            log::debug!("node {}: asking its seats: {error}", cfg.id);
+            match before {
+                SeatsAsked::Failed(n) => SeatsAsked::Failed(n + 1),
+                _ => SeatsAsked::Failed(1),
+            }
+        }
+    };
+    let mut live = node.live.lock();
+    // (Unless the node went offline or was replaced meanwhile: then it is asked anew.)
+    if live.seats_asked == SeatsAsked::Asking {
+        live.seats_asked = now;
+    }
+    match now {
+        SeatsAsked::Answered(said) => said,
+        _ => None,
+    }
 }
 
 #[async_trait]

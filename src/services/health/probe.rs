@@ -21,36 +21,42 @@ pub async fn families(client: &reqwest::Client, backend: Backend, addr: SocketAd
 }
 
 /// The requests an OpenAI-compatible server at `addr` says it runs at once: SGLang's
-/// `GET /get_server_info` `max_running_requests` (at the top, or in its first
-/// `internal_states` when the flag was not given), else llama.cpp's `GET /props`
-/// `total_slots`; `None` when neither answers with a count.
-pub async fn seats(client: &reqwest::Client, addr: SocketAddr) -> Option<u32> {
+/// `GET /get_server_info` `max_running_requests` (the flag it was started with: when it was
+/// not given, SGLang reports a ceiling its KV cache allows, thousands, not what it runs), else
+/// llama.cpp's `GET /props` `total_slots`. `Ok(None)`: it answered without a count (no such
+/// endpoint, another 4xx, none in the body); `Err`: no answer to tell by (no connection, a
+/// timeout, a 5xx), worth asking again.
+pub async fn seats(client: &reqwest::Client, addr: SocketAddr) -> Result<Option<u32>, String> {
     let base = format!("http://{addr}");
-    let get = |path: &str| {
-        let url = format!("{base}{path}");
-        async move {
-            let r = client.get(url).send().await.ok()?;
-            r.status().is_success().then_some(())?;
-            r.json::<serde_json::Value>().await.ok()
-        }
-    };
-    if let Some(n) = get("/get_server_info")
-        .await
+    let info = answer(client, format!("{base}/get_server_info")).await?;
+    if let Some(n) = info
         .as_ref()
-        .and_then(sglang_seats)
+        .and_then(|i| count(&i["max_running_requests"]))
     {
-        return Some(n);
+        return Ok(Some(n));
     }
-    get("/props")
-        .await
-        .as_ref()
-        .and_then(|p| count(&p["total_slots"]))
+    let props = answer(client, format!("{base}/props")).await?;
+    Ok(props.as_ref().and_then(|p| count(&p["total_slots"])))
 }
 
-/// SGLang's `max_running_requests`: the server argument, else what its scheduler reports.
-fn sglang_seats(info: &serde_json::Value) -> Option<u32> {
-    count(&info["max_running_requests"])
-        .or_else(|| count(&info["internal_states"][0]["max_running_requests"]))
+/// The JSON body of a GET: `Ok(None)` when the server said no (4xx) or the body is not JSON.
+async fn answer(
+    client: &reqwest::Client,
+    url: String,
+) -> Result<Option<serde_json::Value>, String> {
+    let r = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let status = r.status();
+    if status.is_server_error() {
+        return Err(format!("GET {url}: {status}"));
+    }
+    if !status.is_success() {
+        return Ok(None);
+    }
+    Ok(r.json::<serde_json::Value>().await.ok())
 }
 
 /// A positive count.
@@ -89,13 +95,14 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn sglang_says_its_seats_as_an_argument_or_as_its_scheduler_runs_them() {
-        let given = json!({"max_running_requests": 48, "internal_states": [{}]});
-        assert_eq!(sglang_seats(&given), Some(48));
-        let computed = json!({"max_running_requests": null,
-            "internal_states": [{"max_running_requests": 2048, "last_gen_throughput": 0.0}]});
-        assert_eq!(sglang_seats(&computed), Some(2048));
-        assert_eq!(sglang_seats(&json!({"version": "0.4.6"})), None);
-        assert_eq!(sglang_seats(&json!({"max_running_requests": 0})), None);
+    fn a_count_is_a_positive_integer() {
+        assert_eq!(count(&json!(48)), Some(48));
+        for no in [json!(null), json!(0), json!(-1), json!("8"), json!(2.5)] {
+            assert_eq!(count(&no), None, "{no}");
+        }
+        // SGLang started without the flag: the ceiling in `internal_states` is not read.
+        let info = json!({"max_running_requests": null,
+            "internal_states": [{"max_running_requests": 2048}]});
+        assert_eq!(count(&info["max_running_requests"]), None);
     }
 }
