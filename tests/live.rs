@@ -777,7 +777,8 @@ fn fake_backend(rt: &tokio::runtime::Runtime, routes: Vec<(&'static str, String)
 
 /// Servers given as `backend: openai` are asked whether they say their seats: SGLang's
 /// `/get_server_info` (the flag it was started with; without it, SGLang's ceiling of thousands
-/// is not taken), llama.cpp's `/props`, asked again after an ask nothing answered (a 503).
+/// is not taken), llama.cpp's `/props`, asked again after an ask nothing answered (a 503, a
+/// 429).
 /// Those that say them are sent that many at once, from `backend`; the others keep a batching
 /// server's default until answers show more.
 #[test]
@@ -799,7 +800,7 @@ fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
             ("/get_server_info", r#"{"max_running_requests":null,"internal_states":[{"max_running_requests":2048}]}"#.into()),
         ],
     );
-    // llama.cpp, busy at the first ask: `/props` answers 503 once, then its slots.
+    // llama.cpp, busy at the first two asks: `/props` answers 503, then 429, then its slots.
     let asks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let llama = {
         let asks = asks.clone();
@@ -814,6 +815,7 @@ fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
                 axum::routing::get(move || async move {
                     match asks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
                         0 => (axum::http::StatusCode::SERVICE_UNAVAILABLE, String::new()),
+                        1 => (axum::http::StatusCode::TOO_MANY_REQUESTS, String::new()),
                         _ => (
                             axum::http::StatusCode::OK,
                             r#"{"total_slots":3}"#.to_string(),
@@ -855,8 +857,8 @@ fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
     });
     assert_eq!(
         asks.load(std::sync::atomic::Ordering::SeqCst),
-        2,
-        "the 503, then the answer"
+        3,
+        "the 503, the 429, then the answer"
     );
 }
 

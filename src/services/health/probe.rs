@@ -25,7 +25,7 @@ pub async fn families(client: &reqwest::Client, backend: Backend, addr: SocketAd
 /// not given, SGLang reports a ceiling its KV cache allows, thousands, not what it runs), else
 /// llama.cpp's `GET /props` `total_slots`. `Ok(None)`: it answered without a count (no such
 /// endpoint, another 4xx, none in the body); `Err`: no answer to tell by (no connection, a
-/// timeout, a 5xx), worth asking again.
+/// timeout, a 5xx, 408 or 429), worth asking again.
 pub async fn seats(client: &reqwest::Client, addr: SocketAddr) -> Result<Option<u32>, String> {
     let base = format!("http://{addr}");
     let info = answer(client, format!("{base}/get_server_info")).await?;
@@ -39,7 +39,8 @@ pub async fn seats(client: &reqwest::Client, addr: SocketAddr) -> Result<Option<
     Ok(props.as_ref().and_then(|p| count(&p["total_slots"])))
 }
 
-/// The JSON body of a GET: `Ok(None)` when the server said no (4xx) or the body is not JSON.
+/// The JSON body of a GET: `Ok(None)` when the server said no (a 4xx but 408 and 429) or the
+/// body is not JSON.
 async fn answer(
     client: &reqwest::Client,
     url: String,
@@ -50,7 +51,12 @@ async fn answer(
         .await
         .map_err(|e| format!("GET {url}: {e}"))?;
     let status = r.status();
-    if status.is_server_error() {
+    // Busy or loading, not a refusal: worth asking again.
+    let later = [
+        reqwest::StatusCode::REQUEST_TIMEOUT,
+        reqwest::StatusCode::TOO_MANY_REQUESTS,
+    ];
+    if status.is_server_error() || later.contains(&status) {
         return Err(format!("GET {url}: {status}"));
     }
     if !status.is_success() {
