@@ -767,6 +767,11 @@ fn fake_backend(rt: &tokio::runtime::Runtime, routes: Vec<(&'static str, String)
     for (path, body) in routes {
         app = app.route(path, axum::routing::get(move || async move { body }));
     }
+    serve(rt, app)
+}
+
+/// Serve `app` on 127.0.0.1; its base URL.
+fn serve(rt: &tokio::runtime::Runtime, app: axum::Router) -> String {
     let l = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -823,12 +828,7 @@ fn a_server_behind_backend_openai_that_says_its_seats_is_taken_at_its_word() {
                     }
                 }),
             );
-        let l = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = l.local_addr().unwrap();
-        rt.spawn(async move { axum::serve(l, app).await });
-        format!("http://{addr}")
+        serve(&rt, app)
     };
     let plain = fake_backend(&rt, vec![("/v1/models", models("phi"))]);
     let gw = Gateway::start(&format!(
