@@ -300,6 +300,28 @@ fn a_pair_measured_before_a_restart_is_not_asked_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A gateway in completion mode over `nodes` given by URL only (`backend: openai`), once each
+/// has a measured answer, and several passes (200 ms) later: nothing more is asked once a
+/// node has answered.
+fn measured_by_url(rt: &tokio::runtime::Runtime, nodes: &[(&str, &SimHandle)]) -> Gateway {
+    let by_url: Vec<String> = nodes.iter().map(|(id, s)| node_by_url(id, s)).collect();
+    let gw = Gateway::start(&format!(
+        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
+        fleet(&by_url)
+    ));
+    rt.block_on(async {
+        eventually("every node measured", || async {
+            let r = explain(&gw, "/fleet/explain", &ask("which node?")).await;
+            nodes
+                .iter()
+                .all(|(n, _)| row(&r, n).is_some_and(|x| x["observed"].as_u64() >= Some(1)))
+        })
+        .await;
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    gw
+}
+
 /// A node known by its URL only that lists several models (`backend: openai` hides its loads:
 /// asking for each could load each in turn) is measured on one, the model most of the fleet
 /// lists, which gives its pace against the others: the workstation on `small:3b`, which the
@@ -310,21 +332,7 @@ fn a_node_known_by_its_url_only_that_lists_several_models_is_measured_on_the_one
 {
     let rt = runtime();
     let (ws, laptop) = (sim(&rt, WORKSTATION), sim(&rt, LAPTOP));
-    let gw = Gateway::start(&format!(
-        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
-        fleet(&[node_by_url("laptop", &laptop), node_by_url("ws", &ws)])
-    ));
-    rt.block_on(async {
-        eventually("both measured", || async {
-            let r = explain(&gw, "/fleet/explain", &ask("which node?")).await;
-            ["laptop", "ws"]
-                .iter()
-                .all(|n| row(&r, n).is_some_and(|x| x["observed"].as_u64() >= Some(1)))
-        })
-        .await;
-    });
-    // Several passes (200 ms): nothing more is asked once the node has answered.
-    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let _gw = measured_by_url(&rt, &[("laptop", &laptop), ("ws", &ws)]);
     let asked = ws.control().stats().by_model;
     assert_eq!(asked.get("mid:14b"), None, "mid:14b not asked: {asked:?}");
     assert!(ws.control().stats().loads.is_empty(), "nothing loaded");
@@ -345,20 +353,7 @@ fn of_models_the_fleet_shares_alike_a_node_known_by_its_url_is_measured_on_the_s
     let rt = runtime();
     let three = format!("{WORKSTATION}  - {{name: assistant, size_gb: 40, loaded: true}}\n");
     let (a, b) = (sim(&rt, &three), sim(&rt, &three));
-    let gw = Gateway::start(&format!(
-        "health:\n  poll_interval_ms: 200\nrouting:\n  policy:\n    completion_measure: true\n{}",
-        fleet(&[node_by_url("ws-a", &a), node_by_url("ws-b", &b)])
-    ));
-    rt.block_on(async {
-        eventually("both measured", || async {
-            let r = explain(&gw, "/fleet/explain", &ask("which node?")).await;
-            ["ws-a", "ws-b"]
-                .iter()
-                .all(|n| row(&r, n).is_some_and(|x| x["observed"].as_u64() >= Some(1)))
-        })
-        .await;
-    });
-    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let _gw = measured_by_url(&rt, &[("ws-a", &a), ("ws-b", &b)]);
     for ws in [&a, &b] {
         let stats = ws.control().stats();
         assert_eq!(stats.by_model.get("mid:14b"), None, "{:?}", stats.by_model);

@@ -35,8 +35,8 @@ pub struct NodeStatus {
     pub breaker: BreakerStatus,
     pub seats: u32,
     /// Where `seats` came from: `config`, `backend` (llama.cpp `/props` total_slots; behind
-    /// `backend: openai`, what the server said when asked once: SGLang's
-    /// `max_running_requests`, llama.cpp's `total_slots`),
+    /// `backend: openai`, what the server said when asked, `services::health::probe::seats`:
+    /// SGLang's `--max-running-requests` when it was given, llama.cpp's `total_slots`),
     /// `default_batching` (an OpenAI-compatible / vLLM server that reports none), `memory`
     /// (derived from free memory), `one_at_a_time` (nothing known), `learned` (nobody said;
     /// answers showed it runs no more than `seats_seen` at once).

@@ -30,7 +30,7 @@ pub fn models(view: &FleetView) -> Vec<ModelInfo> {
                         loaded: false,
                         resident_bytes: 0,
                         nodes: Vec::new(),
-                        embedding: m.name.contains("embed"),
+                        embedding: crate::routing::embedding_name(&m.name),
                     });
                     out.last_mut().expect("just pushed")
                 }

@@ -915,17 +915,7 @@ const SEAT_QUEUE_STEPS: u32 = 64;
 /// `service / seats` sent a request to whichever full node looked alike, not to the one whose
 /// seat frees first.
 fn seat_wait(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Option<f64> {
-    let sent = load.in_flight as usize;
-    if ends.len() < sent {
-        return None;
-    }
-    // Sent past the seats (a hard cap above them, or a node priced at fewer seats than it is
-    // sent, `priced_seats`), requests wait inside the node: they take the first seats to free,
-    // as waiters do, and the seats are held by the soonest to end.
-    let running = sent.min(seats.max(1) as usize);
-    let pending = load
-        .pending
-        .saturating_add(u32::try_from(sent - running).unwrap_or(u32::MAX));
+    let (running, pending) = seat_queue(seats, load, ends)?;
     // When each seat is next free, soonest first: the idle seats now, then the `running`
     // soonest ends (a request that ended between the counts and the ends is gone from both
     // soon). The caller sorts them once per pair (`sort_ends`); sorting them here again on
@@ -955,6 +945,22 @@ fn seat_wait(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Opti
     }
     let rest = f64::from(pending - stepped) / f64::from(seats.max(1)) * service;
     Some(free.first()? + rest)
+}
+
+/// Of a full pair's `load.in_flight` (whose ends are known: else `None`), how many hold its
+/// `seats` and how many wait. Sent past the seats (a hard cap above them, or a node priced at
+/// fewer seats than it is sent, `priced_seats`), requests wait inside the node: they take the
+/// first seats to free, as waiters do, and the seats are held by the soonest to end.
+fn seat_queue(seats: u32, load: &ModelLoad, ends: &[f64]) -> Option<(usize, u32)> {
+    let sent = load.in_flight as usize;
+    if ends.len() < sent {
+        return None;
+    }
+    let running = sent.min(seats.max(1) as usize);
+    let pending = load
+        .pending
+        .saturating_add(u32::try_from(sent - running).unwrap_or(u32::MAX));
+    Some((running, pending))
 }
 
 /// Predicted ends (seconds from now) as [`seat_wait`] reads them: one past its end at 0, soonest
@@ -1187,14 +1193,7 @@ mod tests {
     /// `seat_wait` as it was written first: one sorted list of free times, each waiter taking
     /// its front and putting it back `service` later.
     fn seat_wait_sorted(seats: u32, load: &ModelLoad, ends: &[f64], service_s: f64) -> Option<f64> {
-        let sent = load.in_flight as usize;
-        if ends.len() < sent {
-            return None;
-        }
-        let running = sent.min(seats.max(1) as usize);
-        let pending = load
-            .pending
-            .saturating_add(u32::try_from(sent - running).unwrap_or(u32::MAX));
+        let (running, pending) = seat_queue(seats, load, ends)?;
         let mut free: Vec<f64> = ends.iter().map(|e| e.max(0.0)).collect();
         free.sort_unstable_by(f64::total_cmp);
         free.truncate(running);

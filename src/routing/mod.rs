@@ -40,6 +40,6 @@ pub use self::completion::{priors, Prediction};
 pub use self::decide::decide;
 pub use self::evict::{crowded, fits_free, victims, worth_restoring};
 pub use self::policy::{Policy, PolicyError};
-pub use self::resolve::{glob, rank_size, ModelTier, Resolve, TierRule};
+pub use self::resolve::{embedding_name, glob, rank_size, ModelTier, Resolve, TierRule};
 pub use self::servable::unservable_tags;
 pub use self::types::*;

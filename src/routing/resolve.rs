@@ -86,6 +86,12 @@ fn params_b(name: &str) -> Option<f64> {
     best
 }
 
+/// An embedding model, as its name says (`nomic-embed-text`, `mxbai-embed-large`): it does
+/// not chat.
+pub fn embedding_name(name: &str) -> bool {
+    name.contains("embed")
+}
+
 /// Size for ranking: weights on disk, else what the name says (a q4 weight is ~0.6 GB per
 /// billion parameters); OpenAI-compatible servers report no sizes.
 pub fn rank_size(name: &str, size_gb: f64) -> f64 {
@@ -101,7 +107,7 @@ fn fleet_models(fleet: &FleetView) -> Vec<Have> {
     let mut out: Vec<Have> = Vec::new();
     for n in fleet.nodes.iter().filter(|n| n.health == Health::Online) {
         for m in n.models.iter().filter(|m| m.loaded || m.on_disk) {
-            if m.name.contains("embed") {
+            if embedding_name(&m.name) {
                 continue;
             }
             match out.iter_mut().find(|h| h.name == m.name) {

@@ -261,7 +261,9 @@ fn to_pace<'a>(
     let best = models
         .iter()
         .zip(holding)
-        .filter(|(m, _)| m.loaded && !m.name.contains("embed") && untried(&m.name.as_str()))
+        .filter(|(m, _)| {
+            m.loaded && !crate::routing::embedding_name(&m.name) && untried(&m.name.as_str())
+        })
         .min_by(|(a, n), (b, k)| {
             k.cmp(n)
                 .then(size(a).total_cmp(&size(b)))
