@@ -87,6 +87,8 @@ pub struct Progress {
     /// A streamed request's send and when its first token is due (ms; 0: not predicted).
     sent_ms: AtomicU64,
     due_ms: AtomicU64,
+    /// How much later a miss of the prefix it was credited as cached would make it (ms).
+    miss_ms: AtomicU64,
     /// Of one whose end is not known (`END_UNKNOWN`): the answer's length it was priced at
     /// (0: none).
     tokens: AtomicU32,
@@ -98,6 +100,13 @@ pub struct Progress {
 pub const STALL_LATE: u64 = 4;
 pub const STALL_MIN_MS: u64 = 250;
 
+/// A streamed answer is overdue when its first token is late by more than its whole
+/// predicted wait for it (twice as long in all), by more than a miss of the prefix credited
+/// as cached would make it, and by at least `OVERDUE_MIN_MS`: beside
+/// streams of its model already running, a node whose seats nobody said keeps it waiting for
+/// one of theirs (`routing::completion`, the seats a pair is priced at).
+pub const OVERDUE_MIN_MS: u64 = 100;
+
 /// Whether a first token `late_ms` past its due time, which was `wait_ms` after the send, is
 /// a stall (see `STALL_LATE`).
 pub fn is_stall(late_ms: u64, wait_ms: u64) -> bool {
@@ -105,10 +114,12 @@ pub fn is_stall(late_ms: u64, wait_ms: u64) -> bool {
 }
 
 impl Progress {
-    /// The streamed request was sent at `sent_ms`, its first token predicted at `due_ms`.
-    pub fn expect_first(&self, sent_ms: u64, due_ms: u64) {
+    /// The streamed request was sent at `sent_ms`, its first token predicted at `due_ms`, or
+    /// `miss_ms` later should the prefix credited as cached miss.
+    pub fn expect_first(&self, sent_ms: u64, due_ms: u64, miss_ms: u64) {
         self.sent_ms.store(sent_ms, Ordering::Relaxed);
         self.due_ms.store(due_ms.max(sent_ms), Ordering::Relaxed);
+        self.miss_ms.store(miss_ms, Ordering::Relaxed);
     }
 
     /// Its end is not known; its answer was priced at `tokens` tokens.
@@ -145,6 +156,17 @@ impl Progress {
         }
         let sent = self.sent_ms.load(Ordering::Relaxed);
         is_stall(now_ms.saturating_sub(due), due.saturating_sub(sent)).then_some(sent)
+    }
+
+    /// Whether its first token is overdue at `now_ms` (see `OVERDUE_MIN_MS`).
+    fn overdue(&self, now_ms: u64) -> bool {
+        let due = self.due_ms.load(Ordering::Relaxed);
+        if due == 0 || self.first_ms.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        let late = now_ms.saturating_sub(due);
+        let wait = due.saturating_sub(self.sent_ms.load(Ordering::Relaxed));
+        late >= OVERDUE_MIN_MS && late > wait.max(self.miss_ms.load(Ordering::Relaxed))
     }
 
     /// The answer's `chunks`-th chunk came at `now_ms` (the first one starts the clock).
@@ -212,12 +234,15 @@ impl SeatEnds {
     /// running answers have streamed so far, summed over those with at least
     /// `LIVE_MIN_TOKENS` chunks past their first, tokens being chunks times `per_chunk` (a
     /// server that sends several tokens per chunk is not read as slow), with the first send
-    /// of those stalled before their first token (`None`: none has streamed enough, none is
-    /// stalled). One lock for all: routing reads them together for every pair with requests
-    /// running.
+    /// of those stalled before their first token, and, when one is overdue for it beside one
+    /// that began (`OVERDUE_MIN_MS`), how many were sent before the first such one (`None`:
+    /// none has streamed enough, none is stalled or overdue). One lock for all: routing reads
+    /// them together for every pair with requests running.
     pub fn read(&self, now_ms: u64, per_chunk: f64, out: &mut Vec<f64>) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
-        for (_, end, p) in self.0.lock().iter() {
+        let (mut started, mut overdue) = (false, None);
+        let v = self.0.lock();
+        for (_, end, p) in v.iter() {
             let end = match *end {
                 END_UNKNOWN => p.paced_end_ms(per_chunk),
                 end => Some(end.saturating_add(p.first_late_ms(now_ms))),
@@ -233,8 +258,21 @@ impl SeatEnds {
             if let Some(sent) = p.stalled(now_ms) {
                 live.stalled_since_ms = Some(live.stalled_since_ms.map_or(sent, |s| s.min(sent)));
             }
+            if p.first_ms.load(Ordering::Relaxed) != 0 {
+                started = true;
+            } else if p.overdue(now_ms) {
+                let sent = p.sent_ms.load(Ordering::Relaxed);
+                overdue = Some(overdue.map_or(sent, |o: u64| o.min(sent)));
+            }
         }
-        (live.streams > 0 || live.stalled_since_ms.is_some()).then_some(live)
+        if let Some(first) = overdue.filter(|_| started) {
+            let before = v
+                .iter()
+                .filter(|(_, _, p)| p.sent_ms.load(Ordering::Relaxed) < first);
+            live.seated = Some(before.count() as u32);
+        }
+        (live.streams > 0 || live.stalled_since_ms.is_some() || live.seated.is_some())
+            .then_some(live)
     }
 }
 
@@ -543,7 +581,7 @@ mod tests {
     fn a_first_token_far_past_its_time_is_a_stall_and_starts_a_swap_spell() {
         let c = ModelCounters::default();
         let p = c.ends.set(1, 20_000);
-        p.expect_first(10_000, 10_050);
+        p.expect_first(10_000, 10_050, 0);
         let read = |now| {
             c.ends
                 .read(now, 1.0, &mut Vec::new())
@@ -571,7 +609,7 @@ mod tests {
         assert_eq!(c.load().hidden_load_since_ms, None);
         // One predicted to wait long for its first token is stalled only past four times that.
         let slow = c.ends.set(2, 90_000);
-        slow.expect_first(10_000, 12_000);
+        slow.expect_first(10_000, 12_000, 0);
         assert_eq!(read(19_000), None);
         assert_eq!(read(20_500), Some(10_000));
     }
@@ -584,7 +622,7 @@ mod tests {
     fn a_seat_behind_a_late_first_token_frees_as_late() {
         let c = ModelCounters::default();
         let p = c.ends.set(1, 13_000);
-        p.expect_first(10_000, 11_000);
+        p.expect_first(10_000, 11_000, 0);
         c.ends.set(2, 15_000);
         let ends = |now| {
             let mut out = Vec::new();
@@ -600,6 +638,36 @@ mod tests {
             "its first token came 1 s late"
         );
         assert_eq!(ends(13_500), vec![0.5, 1.5]);
+    }
+
+    /// A first token more than twice as late as predicted, beside a stream of the pair that
+    /// has begun, waits for a seat: the pair runs no more at once than the requests sent
+    /// before it (the last one, sent after it, queues behind it). Late with none begun (the
+    /// model may be loading), by less than `OVERDUE_MIN_MS`, or by no more than a miss of the
+    /// prefix it was credited as cached would make it, it says nothing.
+    #[test]
+    fn a_first_token_overdue_beside_a_running_stream_says_how_many_hold_seats() {
+        let c = ModelCounters::default();
+        let seated = |now| {
+            let mut out = Vec::new();
+            c.ends.read(now, 1.0, &mut out).and_then(|l| l.seated)
+        };
+        let running = c.ends.set(1, 20_000);
+        running.expect_first(10_000, 10_100, 0);
+        let waiting = c.ends.set(2, 20_000);
+        waiting.expect_first(10_050, 10_150, 0);
+        let after = c.ends.set(3, 20_000);
+        after.expect_first(10_060, 12_000, 0);
+        assert_eq!(seated(10_400), None, "late, and nothing of the model began");
+        running.chunk(1, 10_100);
+        assert_eq!(seated(10_240), None, "90 ms late: under the floor");
+        assert_eq!(seated(10_260), Some(1), "110 ms late on a 100 ms wait");
+        // Credited with a cached prefix whose miss would cost 300 ms: not until it is later.
+        waiting.expect_first(10_050, 10_150, 300);
+        assert_eq!(seated(10_400), None, "250 ms late: a cache miss would be");
+        assert_eq!(seated(10_460), Some(1));
+        waiting.chunk(1, 10_470);
+        assert_eq!(seated(10_500), None, "it began");
     }
 
     /// An answer whose end nobody knows (priced from priors at 200 tokens) is counted by the

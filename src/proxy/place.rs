@@ -95,9 +95,9 @@ fn log_prediction(req: &RouteRequest, view: &FleetView, d: &Decision) {
             log::debug!(
                 target: "fleetgate::decisions",
                 "prompt {} node {} total {:.3} = wait {:.3} (node {:.3}, shared {:.3}) + load {:.3} + prefill {:.3} (after {} queued tokens) + decode {:.3}; risk {:.3} imposed {:.3}; \
-                 streams {} output {:.0} prefill {:.0} tok/s decode {:.1} tok/s (pace {:.2}) observed {} explored {}",
+                 streams {} seats {} output {:.0} prefill {:.0} tok/s decode {:.1} tok/s (pace {:.2}) observed {} explored {}",
                 req.prompt_tokens, view.nodes[row.node].id, p.total_s, p.wait_s, p.node_wait_s, p.shared_wait_s, p.load_s,
-                p.prefill_s, p.prefill_queue_tokens, p.decode_s, p.risk_s, p.imposed_s, p.concurrency, p.output_tokens, p.prefill_tps,
+                p.prefill_s, p.prefill_queue_tokens, p.decode_s, p.risk_s, p.imposed_s, p.concurrency, p.seats, p.output_tokens, p.prefill_tps,
                 p.decode_tps, p.pace, p.observed, p.explored
             );
         }

@@ -126,6 +126,9 @@ pub struct Prediction {
     pub own_full: bool,
     /// Streams decoding on the node while this one does.
     pub concurrency: u32,
+    /// The seats of the pair its wait was priced at (`priced_seats`, less when a first token
+    /// is overdue beside its running streams: `overdue_seats`).
+    pub seats: u32,
 
     /// Prompt tokens taken as cached on this node.
     pub cached_tokens: u32,
@@ -570,6 +573,26 @@ pub(super) fn priced_seats(node: &NodeView, model: &ModelView) -> u32 {
         .map_or(seats, |own| seats.min(own.max(1)))
 }
 
+/// [`priced_seats`], unless a first token of the pair is overdue beside its running streams
+/// (`LiveDecode::seated`) on a node whose seats nobody said: it waits inside for a seat, so
+/// the node runs no more of the model at once than the requests sent before it, whatever it
+/// was priced at. The seats are learned later, from answers (`fleet::sharing`); the requests
+/// sent until then are priced at what is seen now. A one-seat server by URL took six requests
+/// of a burst, priced at two seats, before the first of them came back from its wait.
+///
+/// Not on a node that prefills one prompt at a time (`prefills_in_turn`): there a first token
+/// is late behind the prompts ahead of it as often as behind a seat (a GPU with 24 seats and
+/// 20k-token prompts was priced at one to five).
+fn overdue_seats(x: &Input<'_>, prefills_in_turn: bool) -> u32 {
+    let seats = priced_seats(x.node, x.model);
+    match x.live {
+        Some(LiveDecode {
+            seated: Some(n), ..
+        }) if x.node.seats_assumed && !prefills_in_turn => seats.min(n.max(1)),
+        _ => seats,
+    }
+}
+
 /// The node's seats as priced, across its models (what its concurrency and its ceiling are
 /// counted against; one model's own seats are not the node's).
 fn node_priced_seats(node: &NodeView) -> u32 {
@@ -600,9 +623,21 @@ pub(super) fn better(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) 
 
 /// Predicted finish of `x` with `cached` prompt tokens already in the node's cache.
 pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
-    let (node_seats, seats) = (node_priced_seats(x.node), priced_seats(x.node, x.model));
     let (rates, optimistic) = effective_rates(p, x);
     let r = &rates;
+    // Undecided (no response had one ahead yet): as the node's other models showed (the queue
+    // is the node's), else as the model's other nodes showed (a pair never observed has
+    // theirs in `r`), else each seat on its own. Taking an unknown node to queue cost bursts
+    // 0.53 -> 0.63 s and slowdown 0.38 -> 0.46 s in the placement bench, where nodes do not
+    // queue; a node that does is found out within its first few overlapping requests.
+    let shared = x
+        .rates
+        .prefill_shared
+        .or(x.node_prefill_shared)
+        .or(r.prefill_shared)
+        .or(x.peer.and_then(|p| p.mean.prefill_shared))
+        .unwrap_or(false);
+    let (node_seats, seats) = (node_priced_seats(x.node), overdue_seats(x, shared));
     // Decode: seconds per token of one stream, then at the node's concurrency.
     let (_, prior_spt) = priors(p, x.node, x.model);
     // A rate the pair has not measured yet (a line too flat to read it from: only short
@@ -697,18 +732,6 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
     // what it has done of the first since it could start): this one's prefill starts once
     // they are done and a seat is free, whichever is later.
     let q = x.node_prefilling;
-    // Undecided (no response had one ahead yet): as the node's other models showed (the queue
-    // is the node's), else as the model's other nodes showed (a pair never observed has
-    // theirs in `r`), else each seat on its own. Taking an unknown node to queue cost bursts
-    // 0.53 -> 0.63 s and slowdown 0.38 -> 0.46 s in the placement bench, where nodes do not
-    // queue; a node that does is found out within its first few overlapping requests.
-    let shared = x
-        .rates
-        .prefill_shared
-        .or(x.node_prefill_shared)
-        .or(r.prefill_shared)
-        .or(x.peer.and_then(|p| p.mean.prefill_shared))
-        .unwrap_or(false);
     let prefill_queue_tokens = if shared && q.tokens > 0 {
         let done = prefill_tps * x.now_ms.saturating_sub(q.head_ms) as f64 / 1000.0;
         (q.tokens as f64 - done).max(0.0)
@@ -858,6 +881,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         own_wait_s,
         own_full,
         concurrency,
+        seats,
         pace,
         cached_tokens: cached,
         prefill_queue_tokens: prefill_queue_tokens.round() as u64,

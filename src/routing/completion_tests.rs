@@ -1387,6 +1387,49 @@ fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once()
     assert!(d.ranked.iter().all(|c| c.seat_test.is_none()));
 }
 
+/// A node whose seats nobody said, seen to run two at once (priced at four), with three
+/// running: under four, a request would start at once there. But only the first of them has
+/// its first token, and the next, sent after it, is overdue for its own (`LiveDecode::seated`):
+/// the node runs one at once, so the new request waits for all three and goes to the idle
+/// node at half the speed. Not so on a node that prefills one prompt at a time, nor with the
+/// node's seats known: they are taken at their word.
+#[test]
+fn a_first_token_overdue_on_a_node_whose_seats_nobody_said_prices_it_at_the_seats_held() {
+    let (mut f, loads) = assumed_beside(2, 2, &[3.0, 5.0, 6.0]);
+    let r = req(&["a"], 100);
+    let d = at(&r, &f, &loads);
+    assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
+    assert_eq!(d.winner().unwrap().node_id, "vllm");
+
+    let mut late = loads.clone();
+    late.live.push((
+        0,
+        "a".into(),
+        LiveDecode {
+            seated: Some(1),
+            ..LiveDecode::default()
+        },
+    ));
+    let d = at(&r, &f, &late);
+    let p = predicted(&d, 0);
+    assert!(p.wait_s >= 6.0, "{p:?}");
+    assert_eq!(d.winner().unwrap().node_id, "other", "{p:?}");
+
+    // A node seen to prefill one prompt at a time: as late behind the prompts ahead.
+    let in_turn = Rates {
+        prefill_shared: Some(true),
+        ..seen(100.0)
+    };
+    let d = at(&r, &f, &late.clone().rated(0, "a", in_turn));
+    assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
+
+    f.nodes[0].seats_assumed = false;
+    f.nodes[0].seats = 4;
+    let d = at(&r, &f, &late);
+    assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
+    assert_eq!(d.winner().unwrap().node_id, "vllm");
+}
+
 /// A Mac known by its URL only (64 seats assumed, four seen at once) serving `a` and `b`, two
 /// of each running (`a`'s end in 3 and 5 s), `a` seen to run two at once and `b` three; beside
 /// it `other`, idle, at half its speed.

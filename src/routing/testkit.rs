@@ -61,6 +61,7 @@ impl TableLoads {
             streams: 1,
             node_decoding: decoding,
             stalled_since_ms: None,
+            seated: None,
         };
         self.live.push((idx, model.to_string(), live));
         self

@@ -292,6 +292,11 @@ pub struct LiveDecode {
     /// by at least `STALL_MIN_MS` (`fleet::SeatEnds::read`). A node that hides its loads is then
     /// taken to be loading the model unseen (`routing::completion`).
     pub stalled_since_ms: Option<u64>,
+    /// Beside a running stream of the pair (the model is in memory), a first token late by
+    /// more than twice its predicted wait and `OVERDUE_MIN_MS` waits for a seat inside the
+    /// node: how many of the pair's requests were sent before the first such one
+    /// (`fleet::SeatEnds::read`). A server queues in order, so no more than those hold seats.
+    pub seated: Option<u32>,
 }
 
 /// Live load, read at decision time (atomics in the proxy, plain maps in tests).
