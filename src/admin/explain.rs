@@ -175,7 +175,7 @@ impl<'a> Report<'a> {
 /// Column titles of completion mode's table: the terms (seconds), then the rates behind them.
 fn completion_header() -> String {
     format!(
-        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5} {:>7} {:>8} {:>8} {:>7} {:>5} {:>7} {:>5}\n",
+        "{:<16} {:<22} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5} {:>5} {:>7} {:>8} {:>8} {:>7} {:>5} {:>7} {:>5}\n",
         "node",
         "model",
         "total_s",
@@ -186,6 +186,7 @@ fn completion_header() -> String {
         "decode",
         "risk",
         "ahead",
+        "seats",
         "cached",
         "pf_queue",
         "pf_tok/s",
@@ -198,7 +199,7 @@ fn completion_header() -> String {
 
 fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
     format!(
-        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>5.2} {:>7.2} {:>4}{}\n",
+        "{:<16} {:<22} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>5} {:>5} {:>7} {:>8} {:>8.0} {:>7.1} {:>5.2} {:>7.2} {:>4}{}\n",
         node,
         model,
         p.total_s,
@@ -209,6 +210,7 @@ fn completion_row(node: &str, model: &str, p: &routing::Prediction) -> String {
         p.decode_s,
         p.risk_s,
         p.ahead,
+        p.seats,
         p.cached_tokens,
         p.prefill_queue_tokens,
         p.prefill_tps,

@@ -240,7 +240,7 @@ impl SeatEnds {
     /// them together for every pair with requests running.
     pub fn read(&self, now_ms: u64, per_chunk: f64, out: &mut Vec<f64>) -> Option<LiveDecode> {
         let mut live = LiveDecode::default();
-        let (mut started, mut overdue) = (false, None);
+        let mut overdue = None;
         let v = self.0.lock();
         for (_, end, p) in v.iter() {
             let end = match *end {
@@ -258,22 +258,37 @@ impl SeatEnds {
             if let Some(sent) = p.stalled(now_ms) {
                 live.stalled_since_ms = Some(live.stalled_since_ms.map_or(sent, |s| s.min(sent)));
             }
-            if p.first_ms.load(Ordering::Relaxed) != 0 {
-                started = true;
-            } else if p.overdue(now_ms) {
+            if p.first_ms.load(Ordering::Relaxed) == 0 && p.overdue(now_ms) {
                 let sent = p.sent_ms.load(Ordering::Relaxed);
                 overdue = Some(overdue.map_or(sent, |o: u64| o.min(sent)));
             }
         }
-        if let Some(first) = overdue.filter(|_| started) {
-            let before = v
-                .iter()
-                .filter(|(_, _, p)| p.sent_ms.load(Ordering::Relaxed) < first);
-            live.seated = Some(before.count() as u32);
+        if let Some(first) = overdue {
+            live.seated = seated_before(&v, first);
         }
         (live.streams > 0 || live.stalled_since_ms.is_some() || live.seated.is_some())
             .then_some(live)
     }
+}
+
+/// Of the running requests, how many were sent before `first` (ms), the first one overdue
+/// for its first token (`LiveDecode::seated`): it waits for one of their seats, so long as
+/// one of them has begun and none sent after it has (that one's prefill was done before it:
+/// it is late behind its own prefill, not a seat). Those sent without a first token predicted
+/// (not streamed, seat tests, from priors: no send time kept, 0) count as before it: more
+/// seats, the safe side.
+fn seated_before(v: &[(u64, u64, Arc<Progress>)], first: u64) -> Option<u32> {
+    let (mut before, mut begun) = (0u32, false);
+    for (_, _, p) in v {
+        let began = p.first_ms.load(Ordering::Relaxed) != 0;
+        if p.sent_ms.load(Ordering::Relaxed) < first {
+            before += 1;
+            begun |= began;
+        } else if began {
+            return None;
+        }
+    }
+    (begun && before > 0).then_some(before)
 }
 
 /// The end of a request predicted from priors only (they can be tens of times off): its seat
@@ -643,8 +658,9 @@ mod tests {
     /// A first token more than twice as late as predicted, beside a stream of the pair that
     /// has begun, waits for a seat: the pair runs no more at once than the requests sent
     /// before it (the last one, sent after it, queues behind it). Late with none begun (the
-    /// model may be loading), by less than `OVERDUE_MIN_MS`, or by no more than a miss of the
-    /// prefix it was credited as cached would make it, it says nothing.
+    /// model may be loading), by less than `OVERDUE_MIN_MS`, by no more than a miss of the
+    /// prefix it was credited as cached would make it, or with one sent after it begun, it
+    /// says nothing.
     #[test]
     fn a_first_token_overdue_beside_a_running_stream_says_how_many_hold_seats() {
         let c = ModelCounters::default();
@@ -666,8 +682,12 @@ mod tests {
         waiting.expect_first(10_050, 10_150, 300);
         assert_eq!(seated(10_400), None, "250 ms late: a cache miss would be");
         assert_eq!(seated(10_460), Some(1));
-        waiting.chunk(1, 10_470);
-        assert_eq!(seated(10_500), None, "it began");
+        after.chunk(1, 10_470);
+        assert_eq!(
+            seated(10_480),
+            None,
+            "one sent after it began first: it is late behind its own prefill"
+        );
     }
 
     /// An answer whose end nobody knows (priced from priors at 200 tokens) is counted by the

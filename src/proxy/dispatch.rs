@@ -283,18 +283,10 @@ impl Dispatch {
             let judged = self.stream && choice.seat_test.is_none();
             let first = choice.predicted_first_s.map(|f| f - passed_s - load_s);
             if let Some(first_s) = first.filter(|_| judged) {
-                // What a miss of the prefix credited as cached would add to its prefill (the
-                // prediction's rate, over the tokens it took as cached).
-                let l = &self.learn;
-                let cached = l.credited(choice).unwrap_or(0);
-                let uncached = l.prompt_tokens.saturating_sub(cached).max(1);
-                let miss_s = choice.predicted_prefill_s.map_or(0.0, |p| {
-                    p.max(0.0) * f64::from(cached) / f64::from(uncached)
-                });
                 lease.expect_first(
                     now_ms,
                     now_ms.saturating_add((first_s.max(0.0) * 1000.0) as u64),
-                    (miss_s * 1000.0) as u64,
+                    (choice.predicted_miss_s * 1000.0) as u64,
                 );
             }
         }
@@ -380,6 +372,7 @@ mod tests {
             predicted_run_s: None,
             predicted_first_s: None,
             predicted_prefill_s: None,
+            predicted_miss_s: 0.0,
             predicted_load_s: None,
             predicted_output_tokens: None,
             cached_tokens: 0,

@@ -146,6 +146,7 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
                 predicted_run_s: None,
                 predicted_first_s: None,
                 predicted_prefill_s: None,
+                predicted_miss_s: 0.0,
                 predicted_load_s: None,
                 predicted_output_tokens: None,
                 cached_tokens: 0,

@@ -577,7 +577,7 @@ pub(super) fn priced_seats(node: &NodeView, model: &ModelView) -> u32 {
 /// (`LiveDecode::seated`) on a node whose seats nobody said: it waits inside for a seat, so
 /// the node runs no more of the model at once than the requests sent before it, whatever it
 /// was priced at. The seats are learned later, from answers (`fleet::sharing`); the requests
-/// sent until then are priced at what is seen now. A one-seat server by URL took six requests
+/// sent until then are priced at what is seen now, and once they are, at them. A one-seat server by URL took six requests
 /// of a burst, priced at two seats, before the first of them came back from its wait.
 ///
 /// Not on a node that prefills one prompt at a time (`prefills_in_turn`): there a first token
@@ -585,10 +585,12 @@ pub(super) fn priced_seats(node: &NodeView, model: &ModelView) -> u32 {
 /// 20k-token prompts was priced at one to five).
 fn overdue_seats(x: &Input<'_>, prefills_in_turn: bool) -> u32 {
     let seats = priced_seats(x.node, x.model);
+    // Still guessed: neither the node's seats nor the model's own found by answers.
+    let guessed = x.node.seats_assumed && !x.node.seats_shared && x.model.seats_learned.is_none();
     match x.live {
         Some(LiveDecode {
             seated: Some(n), ..
-        }) if x.node.seats_assumed && !prefills_in_turn => seats.min(n.max(1)),
+        }) if guessed && !prefills_in_turn => seats.min(n.max(1)),
         _ => seats,
     }
 }

@@ -1392,7 +1392,7 @@ fn a_node_whose_seats_nobody_said_is_tested_against_the_streams_it_ran_at_once()
 /// its first token, and the next, sent after it, is overdue for its own (`LiveDecode::seated`):
 /// the node runs one at once, so the new request waits for all three and goes to the idle
 /// node at half the speed. Not so on a node that prefills one prompt at a time, nor with the
-/// node's seats known: they are taken at their word.
+/// node's seats found by answers or known: they are taken at their word.
 #[test]
 fn a_first_token_overdue_on_a_node_whose_seats_nobody_said_prices_it_at_the_seats_held() {
     let (mut f, loads) = assumed_beside(2, 2, &[3.0, 5.0, 6.0]);
@@ -1421,6 +1421,13 @@ fn a_first_token_overdue_on_a_node_whose_seats_nobody_said_prices_it_at_the_seat
         ..seen(100.0)
     };
     let d = at(&r, &f, &late.clone().rated(0, "a", in_turn));
+    assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
+
+    // Its seats found by answers (four, shared by its models): priced at them.
+    let mut found = f.clone();
+    found.nodes[0].seats = 4;
+    found.nodes[0].seats_shared = true;
+    let d = at(&r, &found, &late);
     assert_near(predicted(&d, 0).wait_s, 0.0, &predicted(&d, 0));
 
     f.nodes[0].seats_assumed = false;

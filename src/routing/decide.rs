@@ -366,6 +366,10 @@ fn decide_once(
                 predicted_prefill_s: prediction
                     .map(|p| p.first_s - p.wait_s - p.load_s)
                     .filter(|s| s.is_finite()),
+                predicted_miss_s: prediction
+                    .map(|p| f64::from(p.cached_tokens) / p.prefill_tps)
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .unwrap_or(0.0),
                 predicted_load_s: known.map(|p| p.load_s).filter(|s| s.is_finite()),
                 predicted_output_tokens: prediction
                     .filter(|p| p.from_priors)

@@ -292,10 +292,11 @@ pub struct LiveDecode {
     /// by at least `STALL_MIN_MS` (`fleet::SeatEnds::read`). A node that hides its loads is then
     /// taken to be loading the model unseen (`routing::completion`).
     pub stalled_since_ms: Option<u64>,
-    /// Beside a running stream of the pair (the model is in memory), a first token late by
-    /// more than twice its predicted wait and `OVERDUE_MIN_MS` waits for a seat inside the
-    /// node: how many of the pair's requests were sent before the first such one
-    /// (`fleet::SeatEnds::read`). A server queues in order, so no more than those hold seats.
+    /// Beside a running stream of the pair sent before it (the model is in memory), a first
+    /// token that takes more than twice its predicted wait (and longer than a miss of its
+    /// credited cache, and `OVERDUE_MIN_MS` late) waits for a seat inside the node: how many
+    /// of the pair's requests were sent before the first such one (`fleet::SeatEnds::read`).
+    /// A server queues in order, so no more than those hold seats.
     pub seated: Option<u32>,
 }
 
@@ -602,6 +603,10 @@ pub struct Choice {
     /// byte less it is what the load took, `fleet::PairRates::came_in`); from priors too.
     #[serde(skip)]
     pub predicted_prefill_s: Option<f64>,
+    /// Completion mode: how much later its first token would come were the prefix it took as
+    /// cached (`cached_tokens`) not, at its predicted prefill rate (0 with nothing cached).
+    #[serde(skip)]
+    pub predicted_miss_s: f64,
     /// Completion mode: of `predicted_first_s` and `predicted_run_s`, the load it waits for
     /// (0 when loaded): what none is left of when it is sent after its model came in
     /// (`proxy::Dispatch::start_prefill`). `None` from priors, as `predicted_first_s`.

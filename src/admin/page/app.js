@@ -130,7 +130,7 @@ const SIGNALS = [["warmth", "warm"], ["memory_fit", "fit"], ["queue_depth", "que
 // Completion mode's terms: [field, header, format].
 const secs = (v) => fmt.ms((v || 0) * 1000);
 const TERMS = [["wait_s", "wait", secs], ["load_s", "load", secs], ["prefill_s", "prefill", secs],
-  ["decode_s", "decode", secs], ["risk_s", "risk", secs], ["ahead", "ahead", String], ["cached_tokens", "cached", String],
+  ["decode_s", "decode", secs], ["risk_s", "risk", secs], ["ahead", "ahead", String], ["seats", "seats", String], ["cached_tokens", "cached", String],
   ["prefill_queue_tokens", "prefill queue", String], ["observed", "learned from", String]];
 const openDecisions = new Set();
 
