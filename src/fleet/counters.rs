@@ -148,25 +148,29 @@ impl Progress {
             .then(|| self.last_ms.load(Ordering::Relaxed) + (left_s * 1000.0) as u64)
     }
 
-    /// When it was sent, if it is stalled at `now_ms` (see `STALL_LATE`).
-    fn stalled(&self, now_ms: u64) -> Option<u64> {
+    /// Still waiting for a predicted first token at `now_ms`: how late it is, how long its
+    /// wait for it was predicted, and when it was sent (ms); `None` once it came or with none
+    /// predicted.
+    fn awaited(&self, now_ms: u64) -> Option<(u64, u64, u64)> {
         let due = self.due_ms.load(Ordering::Relaxed);
         if due == 0 || self.first_ms.load(Ordering::Relaxed) != 0 {
             return None;
         }
         let sent = self.sent_ms.load(Ordering::Relaxed);
-        is_stall(now_ms.saturating_sub(due), due.saturating_sub(sent)).then_some(sent)
+        Some((now_ms.saturating_sub(due), due.saturating_sub(sent), sent))
     }
 
-    /// Whether its first token is overdue at `now_ms` (see `OVERDUE_MIN_MS`).
-    fn overdue(&self, now_ms: u64) -> bool {
-        let due = self.due_ms.load(Ordering::Relaxed);
-        if due == 0 || self.first_ms.load(Ordering::Relaxed) != 0 {
-            return false;
-        }
-        let late = now_ms.saturating_sub(due);
-        let wait = due.saturating_sub(self.sent_ms.load(Ordering::Relaxed));
-        late >= OVERDUE_MIN_MS && late > wait.max(self.miss_ms.load(Ordering::Relaxed))
+    /// When it was sent, if it is stalled at `now_ms` (see `STALL_LATE`).
+    fn stalled(&self, now_ms: u64) -> Option<u64> {
+        let (late, wait, sent) = self.awaited(now_ms)?;
+        is_stall(late, wait).then_some(sent)
+    }
+
+    /// When it was sent, if its first token is overdue at `now_ms` (see `OVERDUE_MIN_MS`).
+    fn overdue(&self, now_ms: u64) -> Option<u64> {
+        let (late, wait, sent) = self.awaited(now_ms)?;
+        let miss = self.miss_ms.load(Ordering::Relaxed);
+        (late >= OVERDUE_MIN_MS && late > wait.max(miss)).then_some(sent)
     }
 
     /// The answer's `chunks`-th chunk came at `now_ms` (the first one starts the clock).
@@ -258,8 +262,7 @@ impl SeatEnds {
             if let Some(sent) = p.stalled(now_ms) {
                 live.stalled_since_ms = Some(live.stalled_since_ms.map_or(sent, |s| s.min(sent)));
             }
-            if p.first_ms.load(Ordering::Relaxed) == 0 && p.overdue(now_ms) {
-                let sent = p.sent_ms.load(Ordering::Relaxed);
+            if let Some(sent) = p.overdue(now_ms) {
                 overdue = Some(overdue.map_or(sent, |o: u64| o.min(sent)));
             }
         }

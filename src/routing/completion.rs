@@ -577,8 +577,10 @@ pub(super) fn priced_seats(node: &NodeView, model: &ModelView) -> u32 {
 /// (`LiveDecode::seated`) on a node whose seats nobody said: it waits inside for a seat, so
 /// the node runs no more of the model at once than the requests sent before it, whatever it
 /// was priced at. The seats are learned later, from answers (`fleet::sharing`); the requests
-/// sent until then are priced at what is seen now, and once they are, at them. A one-seat server by URL took six requests
-/// of a burst, priced at two seats, before the first of them came back from its wait.
+/// sent until then are priced at what is seen now, and once they are, at them. A one-seat
+/// server by URL took six requests of a burst, priced at two seats, before the first of them
+/// came back from its wait. (Only the prediction: `decide`'s test of whether an observed pair
+/// has room for its model, `completion::held_back`, reads `priced_seats` alone.)
 ///
 /// Not on a node that prefills one prompt at a time (`prefills_in_turn`): there a first token
 /// is late behind the prompts ahead of it as often as behind a seat (a GPU with 24 seats and
