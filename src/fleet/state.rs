@@ -7,15 +7,24 @@ use super::{BreakerPolicy, BreakerState, Fleet, Heartbeat, LearnerStore, Outcome
 use crate::metrics::METRICS;
 use crate::routing::{FleetView, Health};
 
-/// What time alone can change in a view: health, breakers, learning hard-pause inputs.
-pub(super) fn signature(v: &FleetView) -> Vec<(Health, bool, Vec<bool>, u64, u64)> {
+/// One node's part of a [`signature`]: health, breaker, per model (breaker, seats seen), seats
+/// seen, the learner's CPU-high seconds and days observed.
+pub(super) type NodeSignature = (Health, bool, Vec<(bool, u32)>, u32, u64, u64);
+
+/// What time alone can change in a view: health, breakers, learning hard-pause inputs, the
+/// seats seen (streams that have decoded together long enough, `queue::decoding`).
+pub(super) fn signature(v: &FleetView) -> Vec<NodeSignature> {
     v.nodes
         .iter()
         .map(|n| {
             (
                 n.health,
                 n.breaker_open,
-                n.models.iter().map(|m| m.breaker_open).collect(),
+                n.models
+                    .iter()
+                    .map(|m| (m.breaker_open, m.seats_seen))
+                    .collect(),
+                n.seats_seen,
                 n.learning.as_ref().map_or(0, |l| l.cpu_high_for_s),
                 n.learning.as_ref().map_or(0, |l| l.days_observed as u64),
             )

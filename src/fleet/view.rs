@@ -74,7 +74,7 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
             .as_ref()
             .is_some_and(|c| !c.breaker.lock().admits(now));
         if let Some(c) = &counters {
-            m.seats_seen = c.decoding.most();
+            m.seats_seen = c.decoding.seen(now);
             // Learned of this model alone, on a node whose seats nobody said, until it is seen
             // to run more at once.
             m.seats_learned = c
@@ -87,7 +87,7 @@ pub(super) fn node_view(cfg: &NodeConfig, st: &NodeState, now: u64, p: &ViewPara
     }
     view.learned_load_gbps = (read_s > 0.0).then(|| read_gb / read_s);
     view.seats_shared = st.seat_sharing.lock().shared();
-    view.seats_seen = st.decoding.most();
+    view.seats_seen = st.decoding.seen(now);
     // A node whose seats nobody said is tested against the count it was seen to run at once
     // (`SeatBound`), one with known seats against them (`SeatSharing`).
     view.seats_shared_p = if view.seats_assumed {

@@ -417,8 +417,8 @@ impl Exchange<'_> {
                         let counters = lease.counters.clone();
                         came_in = Some((choice, counters, first_s, joined_s, prefill_s));
                     }
-                    if self.d.stream {
-                        lease.start_decoding(now);
+                    if self.d.stream && lease.start_decoding(now) {
+                        self.fleet.publish();
                     }
                     let freed = seat_test.map(|t| {
                         if t.own {

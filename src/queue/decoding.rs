@@ -7,6 +7,12 @@
 //! prompt are in flight but not decoding, and the count changes many times during one answer.
 //! Learned against in-flight counts, the sim's 5 % per stream came out near zero and completion
 //! mode piled streams on one node as if they were free.
+//!
+//! The most streams seen decoding at once (`most`: as many seats as the node surely has) comes
+//! from both: a stream's mean count over its decode when it ends, and a count that held for
+//! `HELD_MS` while it held. A 70B's answers run for many seconds; waiting for the first of them
+//! to end left an 8-seat server priced at two seats while it streamed four, and a burst went to
+//! a one-seat node 2.4x slower.
 
 use parking_lot::Mutex;
 
@@ -19,6 +25,8 @@ struct Clock {
     streams: u32,
     /// The most streams that ever decoded at once: as many seats as the node surely has.
     most: u32,
+    /// When `streams` last changed.
+    since_ms: u64,
     /// When a stream last ended.
     last_end_ms: u64,
     /// Stream-milliseconds decoded since the clock began.
@@ -31,6 +39,20 @@ impl Clock {
         let dt = now_ms.saturating_sub(self.at_ms);
         self.area = self.area.saturating_add(u64::from(self.streams) * dt);
         self.at_ms = self.at_ms.max(now_ms);
+    }
+
+    /// Count the streams decoding now as seats once they have decoded together `HELD_MS`.
+    fn credit(&mut self, now_ms: u64) {
+        if self.streams > self.most && now_ms.saturating_sub(self.since_ms) >= HELD_MS {
+            self.most = self.streams;
+        }
+    }
+
+    /// The count changes now.
+    fn change(&mut self, now_ms: u64) {
+        self.credit(now_ms);
+        self.advance(now_ms);
+        self.since_ms = self.since_ms.max(now_ms);
     }
 }
 
@@ -45,7 +67,7 @@ impl DecodeClock {
     /// A request's first byte: it decodes from now.
     pub fn enter(&self, now_ms: u64) -> Mark {
         let mut c = self.0.lock();
-        c.advance(now_ms);
+        c.change(now_ms);
         c.streams += 1;
         Mark {
             area: c.area,
@@ -58,7 +80,7 @@ impl DecodeClock {
     /// seen).
     pub fn leave(&self, m: Mark, now_ms: u64) -> Option<f64> {
         let mut c = self.0.lock();
-        c.advance(now_ms);
+        c.change(now_ms);
         c.streams = c.streams.saturating_sub(1);
         c.last_end_ms = c.last_end_ms.max(now_ms);
         let dt = c.at_ms.saturating_sub(m.at_ms);
@@ -83,15 +105,30 @@ impl DecodeClock {
     }
 
     /// The most streams seen decoding at once since the gateway started, as one stream's
-    /// mean over its decode (rounded): a node runs at least that many requests at once
-    /// (`fleet::sharing`, a node whose seats nobody said).
+    /// mean over its decode (rounded) or as a count that held `HELD_MS`: a node runs at least
+    /// that many requests at once (`fleet::sharing`, a node whose seats nobody said).
     pub fn most(&self) -> u32 {
         self.0.lock().most
+    }
+
+    /// [`most`](Self::most) at `now_ms`, the streams decoding now counted once they have held
+    /// `HELD_MS` together (the routing view is built with it: `fleet::view`).
+    pub fn seen(&self, now_ms: u64) -> u32 {
+        let mut c = self.0.lock();
+        c.credit(now_ms);
+        c.most
     }
 }
 
 /// Decodes shorter than this teach nothing about concurrency (the clock reads milliseconds).
 const MIN_MS: u64 = 5;
+
+/// Streams that decoded together this long hold that many seats at once. A one-seat server
+/// starts its next answer only after it has sent the last token of the one before; the
+/// gateway reads that end a moment later (a LAN round trip, a scheduling delay), so a stream
+/// that came in a moment before another's end is not a seat more. Nor is one past its first
+/// byte for less than this.
+pub const HELD_MS: u64 = 100;
 
 #[cfg(test)]
 mod tests {
@@ -123,5 +160,38 @@ mod tests {
         let late = c.enter(5_900);
         assert_eq!(c.leave(late, 5_950), None);
         assert_eq!(c.leave(b, 6_100), Some(1.0));
+    }
+
+    #[test]
+    fn streams_that_decode_together_long_enough_are_seats_before_any_ends() {
+        let c = DecodeClock::default();
+        let _a = c.enter(1_000);
+        let _b = c.enter(1_050);
+        assert_eq!(
+            c.seen(1_100),
+            0,
+            "a alone held 50 ms, the pair 50 ms: nothing yet"
+        );
+        assert_eq!(c.seen(1_150), 2, "a and b held 100 ms together: two seats");
+        let _x = c.enter(1_160);
+        let _y = c.enter(1_170);
+        assert_eq!(c.seen(1_269), 2, "four for 99 ms");
+        assert_eq!(c.most(), 2);
+        assert_eq!(c.seen(1_270), 4, "four held 100 ms, none ended yet");
+        assert_eq!(c.most(), 4, "kept once seen");
+    }
+
+    #[test]
+    fn a_stream_that_came_in_a_moment_before_another_ended_is_no_seat_more() {
+        let c = DecodeClock::default();
+        let a = c.enter(1_000);
+        // A one-seat server: b's first byte is read 20 ms before a's end is.
+        let b = c.enter(3_000);
+        let mean = c.leave(a, 3_020).expect("a decoded 2 s");
+        assert_eq!(mean.round(), 1.0, "{mean}");
+        assert_eq!(c.seen(3_500), 1);
+        let _c = c.enter(3_600);
+        c.leave(b, 3_630);
+        assert_eq!(c.seen(9_000), 1, "one at a time, however long");
     }
 }
