@@ -538,9 +538,27 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     // Not where its pace against the fleet made the estimate: its best is often a smaller
     // model's, and per token a model reads and computes in proportion to its weights (a
     // laptop's 8b at 150 tokens/s says nothing of its 14b but what the pace already says).
+    // Nor faster than the typical node of the model at its pace, where the pace was not the
+    // estimate: a pair held back while a probe of its model is out (`held_back`) keeps its own
+    // rates, but its node's best, a 3b's on a node by URL whose sizes nobody reported, priced
+    // an untried 70b at 126 tokens/s where the one node that had answered it, 2.4x faster on
+    // the 3b, decoded it at 29; four requests went to it in 80 ms and waited 27-76 s.
+    let evidence = x
+        .peer
+        .zip(x.node_pace)
+        .map(|(p, pace)| (at_pace(p.mean, Some(pace)), pace.prefill.is_some()));
     let nb = x.node_best.map(|nb| Rates {
-        decode_spt: nb.decode_spt.filter(|_| !paced.0),
-        prefill_tps: nb.prefill_tps.filter(|_| !paced.1),
+        decode_spt: nb.decode_spt.filter(|_| !paced.0).map(|spt| {
+            evidence
+                .and_then(|(e, _)| positive(e.decode_spt))
+                .map_or(spt, |e| spt.max(e))
+        }),
+        prefill_tps: nb.prefill_tps.filter(|_| !paced.1).map(|tps| {
+            evidence
+                .filter(|(e, prefill_paced)| *prefill_paced && !e.prefill_floor)
+                .and_then(|(e, _)| positive(e.prefill_tps))
+                .map_or(tps, |e| tps.min(e))
+        }),
         ..nb
     });
     match nb {

@@ -729,6 +729,38 @@ fn an_untried_model_is_priced_no_faster_than_it_streams_elsewhere() {
     assert_near(p.decode_tps, 60.0 / (1.0 + prior), &p);
 }
 
+/// Sizes unknown, one pair of the 70b answered and another node trying it: an untried pair is
+/// held back from being priced as the one that answered (`held_back`), but not at its node's
+/// best on the 14b either. What the model showed bounds it: the answered pair's rate at the
+/// node's pace against it (here 2x slower on the 14b), and the streams of it elsewhere.
+#[test]
+fn an_untried_model_held_back_is_priced_no_faster_than_the_model_showed() {
+    let f = fleet_of_4_seats(vec![
+        node("a", vec![loaded("mid", 0.0), loaded("big", 0.0)]),
+        node("b", vec![loaded("mid", 0.0), loaded("big", 0.0)]),
+        node("c", vec![loaded("mid", 0.0), loaded("big", 0.0)]),
+    ]);
+    let rated = TableLoads::default()
+        .rated(0, "mid", seen(140.0))
+        .rated(1, "mid", seen(280.0))
+        .rated(2, "mid", seen(280.0))
+        .rated(1, "big", seen(36.0));
+    // Nobody tries it: priced as b at its pace.
+    let p = predicted(&at(&req(&["big"], 500), &f, &rated), 0);
+    assert_near(p.decode_tps, 18.0, &p);
+    // c is trying it (a probe out, nothing streamed yet): a is held back, still no faster.
+    let probing = rated.clone().with(2, "big", queue(1, 0));
+    let p = predicted(&at(&req(&["big"], 500), &f, &probing), 0);
+    assert!(
+        p.decode_tps < 18.5,
+        "priced at its 14b's 140 tokens/s: {p:?}"
+    );
+    // c streams it at 20 tokens/s, 10 at a's pace: that bounds it too.
+    let streaming = probing.streaming(2, "big", 1.0, 20.0, 1);
+    let p = predicted(&at(&req(&["big"], 500), &f, &streaming), 0);
+    assert!(p.decode_tps < 10.5, "{p:?}");
+}
+
 /// A node that so far had only short prompts has no prefill rate of its own (TTFT looked like
 /// fixed overhead): it is predicted with its peers' typical rate, not the far lower prior
 /// (20 x its decode rate). With the prior, the context bench's 8k-window node was predicted

@@ -690,25 +690,23 @@ fn predict_pair<'f>(
             let exponent = scratch.logs.size_exponent(fleet, loads);
             s.at_size(m.size_gb, exponent)
         });
-        // No pair of the model answered yet: what streams of it show bounds it (its prefill
-        // slowed alike, as `Shown::at_size` takes it to).
-        let best = match (best, post.peers[pos]) {
-            (Some(b), None) => Some(
-                match (b.decode_spt, live_streams(post, idx, name, scratch)) {
-                    (Some(best), Some(live)) if live > best => Rates {
-                        decode_spt: Some(live),
-                        prefill_tps: b.prefill_tps.map(|tps| tps * best / live),
-                        ..b
-                    },
-                    (None, live) => Rates {
-                        decode_spt: live,
-                        ..b
-                    },
-                    _ => b,
+        // What streams of the model show bounds it (its prefill slowed alike, as
+        // `Shown::at_size` takes it to): before any pair of it answered, and after, while the
+        // pair is held back from being priced as the one that did (`completion::held_back`).
+        let best = best.map(
+            |b| match (b.decode_spt, live_streams(post, idx, name, scratch)) {
+                (Some(best), Some(live)) if live > best => Rates {
+                    decode_spt: Some(live),
+                    prefill_tps: b.prefill_tps.map(|tps| tps * best / live),
+                    ..b
                 },
-            ),
-            (best, _) => best,
-        };
+                (None, live) if post.peers[pos].is_none() => Rates {
+                    decode_spt: live,
+                    ..b
+                },
+                _ => b,
+            },
+        );
         (best, pace.or(s.pace))
     } else if unmeasured(&own) {
         let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
