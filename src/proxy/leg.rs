@@ -386,6 +386,8 @@ impl Exchange<'_> {
         // (`fleet::prefix`), told once the attempt's lock is let go.
         let mut prefilled = None;
         let mut came_in = None;
+        // A stream began: the streams before it may have held long enough to show more seats.
+        let mut decoding = None;
         if let Some(b) = body.as_ref() {
             let mut st = self.d.state.lock();
             if st.first_byte.is_none() && !b.is_empty() {
@@ -417,8 +419,9 @@ impl Exchange<'_> {
                         let counters = lease.counters.clone();
                         came_in = Some((choice, counters, first_s, joined_s, prefill_s));
                     }
-                    if self.d.stream && lease.start_decoding(now) {
-                        self.fleet.publish();
+                    if self.d.stream {
+                        lease.start_decoding(now);
+                        decoding = Some((choice.node, &choice.model));
                     }
                     let freed = seat_test.map(|t| {
                         if t.own {
@@ -466,6 +469,9 @@ impl Exchange<'_> {
                 // The node's read speed (`learned_load_gbps`) and its peers' follow.
                 self.fleet.publish();
             }
+        }
+        if let Some((node, model)) = decoding {
+            self.fleet.publish_seats_seen(node, model, now_ms());
         }
         if let Some(c) = prefilled {
             // The system prompt's key is the primary model's: a fallback's cache is another.

@@ -59,24 +59,10 @@ pub fn account(fleet: &Fleet, d: &Dispatch) {
             st.decode_streams.is_some(),
         )
     };
-    // Its stream decoded beside more than the node was seen to run at once: routing tests a
-    // node whose seats nobody said against that count (`NodeView::seats_seen`).
-    // So is a model's own count, on a node that serves several (`ModelView::seats_seen`).
+    // Its stream decoded beside more than the node was seen to run at once (or ended below a
+    // count seen while it ran).
     if streamed {
-        let node = fleet.node(c.node);
-        let (most, pair_most) = (
-            node.decoding.most(),
-            node.peek(&c.model).map_or(0, |p| p.decoding.most()),
-        );
-        let view = fleet.view();
-        let seen = view.nodes.get(c.node).map(|n| {
-            let pair = n.model(&c.model).map_or(u32::MAX, |m| m.seats_seen);
-            (n.seats_seen, pair)
-        });
-        drop(view);
-        if seen.is_some_and(|(n, p)| most > n || pair_most > p) {
-            fleet.publish();
-        }
+        fleet.publish_seats_seen(c.node, &c.model, now_ms());
     }
     if let Some(o) = overflow {
         // The node counted the prompt itself: the estimate learns the real size.
@@ -335,7 +321,7 @@ fn learn(
         // every answer until the line decides: routing sees them at once.
         // (A model's own line, `t.own`, does not price the node.)
         let prior = fleet.config().routing.policy.completion_seats_shared_prior;
-        let seen = node.decoding.most();
+        let seen = node.decoding.seen(now);
         let odds = || {
             (!t.own).then(|| match t.bound {
                 true => bound.lock().belief(prior, seen),

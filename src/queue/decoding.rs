@@ -8,11 +8,12 @@
 //! Learned against in-flight counts, the sim's 5 % per stream came out near zero and completion
 //! mode piled streams on one node as if they were free.
 //!
-//! The most streams seen decoding at once (`most`: as many seats as the node surely has) comes
-//! from both: a stream's mean count over its decode when it ends, and a count that held for
-//! `HELD_MS` while it held. A 70B's answers run for many seconds; waiting for the first of them
-//! to end left an 8-seat server priced at two seats while it streamed four, and a burst went to
-//! a one-seat node 2.4x slower.
+//! The most streams seen decoding at once (as many seats as the node surely has) is kept from a
+//! stream's mean count over its decode, when it ends (`most`); while streams run, a count that
+//! has held `HELD_MS` counts too (`held`, until streams end below it). A 70B's answers run for
+//! many seconds: waiting for the first of them to end left an 8-seat server priced at two seats
+//! while it streamed four. Only the mean is kept: a count held through a late read of a
+//! stream's end (a gateway slow to be scheduled) is gone with that stream.
 
 use parking_lot::Mutex;
 
@@ -23,8 +24,10 @@ pub struct DecodeClock(Mutex<Clock>);
 #[derive(Debug, Default)]
 struct Clock {
     streams: u32,
-    /// The most streams that ever decoded at once: as many seats as the node surely has.
+    /// The most streams that ever decoded at once, as a stream's mean count over its decode.
     most: u32,
+    /// The most streams decoding now that held `HELD_MS` together (no more than `streams`).
+    held: u32,
     /// When `streams` last changed.
     since_ms: u64,
     /// When a stream last ended.
@@ -43,8 +46,8 @@ impl Clock {
 
     /// Count the streams decoding now as seats once they have decoded together `HELD_MS`.
     fn credit(&mut self, now_ms: u64) {
-        if self.streams > self.most && now_ms.saturating_sub(self.since_ms) >= HELD_MS {
-            self.most = self.streams;
+        if self.streams > self.held && now_ms.saturating_sub(self.since_ms) >= HELD_MS {
+            self.held = self.streams;
         }
     }
 
@@ -82,6 +85,7 @@ impl DecodeClock {
         let mut c = self.0.lock();
         c.change(now_ms);
         c.streams = c.streams.saturating_sub(1);
+        c.held = c.held.min(c.streams);
         c.last_end_ms = c.last_end_ms.max(now_ms);
         let dt = c.at_ms.saturating_sub(m.at_ms);
         let mean = (dt >= MIN_MS).then(|| c.area.saturating_sub(m.area) as f64 / dt as f64);
@@ -105,18 +109,18 @@ impl DecodeClock {
     }
 
     /// The most streams seen decoding at once since the gateway started, as one stream's
-    /// mean over its decode (rounded) or as a count that held `HELD_MS`: a node runs at least
-    /// that many requests at once (`fleet::sharing`, a node whose seats nobody said).
+    /// mean over its decode (rounded): a node runs at least that many requests at once
+    /// (`fleet::sharing`, a node whose seats nobody said).
     pub fn most(&self) -> u32 {
         self.0.lock().most
     }
 
-    /// [`most`](Self::most) at `now_ms`, the streams decoding now counted once they have held
+    /// [`most`](Self::most), or at `now_ms` more: the streams decoding now once they have held
     /// `HELD_MS` together (the routing view is built with it: `fleet::view`).
     pub fn seen(&self, now_ms: u64) -> u32 {
         let mut c = self.0.lock();
         c.credit(now_ms);
-        c.most
+        c.most.max(c.held)
     }
 }
 
@@ -176,9 +180,8 @@ mod tests {
         let _x = c.enter(1_160);
         let _y = c.enter(1_170);
         assert_eq!(c.seen(1_269), 2, "four for 99 ms");
-        assert_eq!(c.most(), 2);
         assert_eq!(c.seen(1_270), 4, "four held 100 ms, none ended yet");
-        assert_eq!(c.most(), 4, "kept once seen");
+        assert_eq!(c.most(), 0, "no stream ended");
     }
 
     #[test]
@@ -193,5 +196,14 @@ mod tests {
         let _c = c.enter(3_600);
         c.leave(b, 3_630);
         assert_eq!(c.seen(9_000), 1, "one at a time, however long");
+        // The gateway read d's first byte 150 ms before c's end (it was not scheduled): two
+        // for as long, then d alone for 2 s. Its mean says one; the two are gone with c.
+        let d = c.enter(9_000);
+        assert_eq!(c.seen(9_150), 2, "while both run");
+        c.leave(_c, 9_150);
+        assert_eq!(c.seen(9_200), 1);
+        let mean = c.leave(d, 11_150).expect("d decoded 2 s");
+        assert_eq!(mean.round(), 1.0, "{mean}");
+        assert_eq!(c.seen(20_000), 1);
     }
 }

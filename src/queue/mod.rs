@@ -177,17 +177,14 @@ impl Lease {
     }
 
     /// The first byte of a streamed answer: the request decodes from now (`decoding`), on its
-    /// node's clock and its pair's. True when the streams that decoded before it, together
-    /// long enough, were more than either clock had seen at once (the routing view then has
-    /// more seats to show: `fleet::view`).
-    pub fn start_decoding(&mut self, now_ms: u64) -> bool {
-        if self.decoding.is_some() {
-            return false;
+    /// node's clock and its pair's.
+    pub fn start_decoding(&mut self, now_ms: u64) {
+        if self.decoding.is_none() {
+            self.decoding = Some((
+                self.node_state.decoding.enter(now_ms),
+                self.counters.decoding.enter(now_ms),
+            ));
         }
-        let (node, pair) = (&self.node_state.decoding, &self.counters.decoding);
-        let before = (node.most(), pair.most());
-        self.decoding = Some((node.enter(now_ms), pair.enter(now_ms)));
-        (node.most(), pair.most()) != before
     }
 
     /// The answer ended: the mean number of streams that decoded on the node while it did,

@@ -543,10 +543,11 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     // rates, but its node's best, a 3b's on a node by URL whose sizes nobody reported, priced
     // an untried 70b at 126 tokens/s where the one node that had answered it, 2.4x faster on
     // the 3b, decoded it at 29; four requests went to it in 80 ms and waited 27-76 s.
-    let evidence = x
-        .peer
-        .zip(x.node_pace)
-        .map(|(p, pace)| (at_pace(p.mean, Some(pace)), pace.prefill.is_some()));
+    // (A prefill rate read off one prompt length is a floor: no bound.)
+    let evidence = x.peer.zip(x.node_pace).map(|(p, pace)| {
+        let prefill_bounds = pace.prefill.is_some() && !p.mean.prefill_floor;
+        (at_pace(p.mean, Some(pace)), prefill_bounds)
+    });
     let nb = x.node_best.map(|nb| Rates {
         decode_spt: nb.decode_spt.filter(|_| !paced.0).map(|spt| {
             evidence
@@ -555,7 +556,7 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
         }),
         prefill_tps: nb.prefill_tps.filter(|_| !paced.1).map(|tps| {
             evidence
-                .filter(|(e, prefill_paced)| *prefill_paced && !e.prefill_floor)
+                .filter(|(_, prefill_bounds)| *prefill_bounds)
                 .and_then(|(e, _)| positive(e.prefill_tps))
                 .map_or(tps, |e| tps.min(e))
         }),

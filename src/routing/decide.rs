@@ -650,9 +650,8 @@ struct Scratch<'f> {
 /// cache. Read once per node and kept by the caller across its pairs: what runs and waits on
 /// the node across its models (`node_load`, with their ends in `scratch.node_ends`) and what
 /// it has shown on its models (`shown`, for a pair it never served). A pair never observed is
-/// priced by what its node has shown (no faster than the model streams while no pair
-/// answered it, `live_streams`) and its pace against the model's observers; one whose rates
-/// were not measured, by that pace.
+/// priced by what its node has shown (no faster than the model streams, `live_streams`) and
+/// its pace against the model's observers; one whose rates were not measured, by that pace.
 fn predict_pair<'f>(
     post: &Post<'f>,
     (idx, pos): (usize, usize),
@@ -691,8 +690,9 @@ fn predict_pair<'f>(
             s.at_size(m.size_gb, exponent)
         });
         // What streams of the model show bounds it (its prefill slowed alike, as
-        // `Shown::at_size` takes it to): before any pair of it answered, and after, while the
-        // pair is held back from being priced as the one that did (`completion::held_back`).
+        // `Shown::at_size` takes it to), before any pair of it answered and after: a pair held
+        // back from being priced as the one that did (`completion::held_back`) is priced at
+        // this, and so is one with no pace against the model's observers.
         let best = best.map(
             |b| match (b.decode_spt, live_streams(post, idx, name, scratch)) {
                 (Some(best), Some(live)) if live > best => Rates {
@@ -754,8 +754,8 @@ fn predict_pair<'f>(
 /// itself, and on the other nodes times how much slower node `idx` decoded than each on the
 /// models both answered (`slower_than`; a node it shares no answered model with tells
 /// nothing), each less the contention prior for the streams beside them, weighted by the
-/// tokens they streamed; `None` when none streams. For a model no pair has answered: its
-/// node's best on other models is no faster than this (an untried 70b, sizes unknown, was
+/// tokens they streamed; `None` when none streams. For a pair never observed: its node's best
+/// on other models is no faster than this (an untried 70b, sizes unknown, was
 /// priced at its node's 14b speed, 138.8 tokens/s, while a stream of it on a twin showed
 /// 35.7).
 fn live_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'_>) -> Option<f64> {
