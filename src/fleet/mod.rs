@@ -568,16 +568,20 @@ impl Fleet {
 
     /// Rebuild the routing snapshot from config + live state.
     /// Republish when the streams node `idx` (or its pair of `model`) is seen to run at once
-    /// (`DecodeClock::seen`) differ from what the view shows: routing tests a node whose seats
-    /// nobody said against that count (`NodeView::seats_seen`), and a model's own count on a
-    /// node that serves several (`ModelView::seats_seen`).
+    /// (`DecodeClock::seen`) differ from what the view shows, on a node whose seats nobody
+    /// said: routing tests it against that count (`NodeView::seats_seen`), and a model's own
+    /// count on such a node that serves several (`ModelView::seats_seen`). Where the seats are
+    /// known nothing routes by it (nor wakes the holding queue for it).
     pub fn publish_seats_seen(&self, idx: usize, model: &str, now_ms: u64) {
+        let view = self.view();
+        if !view.nodes.get(idx).is_some_and(|n| n.seats_assumed) {
+            return;
+        }
         let node = self.node(idx);
         let (seen, pair_seen) = (
             node.decoding.seen(now_ms),
             node.peek(model).map(|p| p.decoding.seen(now_ms)),
         );
-        let view = self.view();
         let differs = view.nodes.get(idx).is_some_and(|n| {
             let pair = n.model(model).map(|m| m.seats_seen);
             n.seats_seen != seen || pair_seen.is_some_and(|p| pair.is_some_and(|m| m != p))

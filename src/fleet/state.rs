@@ -8,7 +8,8 @@ use crate::metrics::METRICS;
 use crate::routing::{FleetView, Health};
 
 /// One node's part of a [`signature`]: health, breaker, per model (breaker, seats seen), seats
-/// seen, the learner's CPU-high seconds and days observed.
+/// seen, the learner's CPU-high seconds and days observed. Seats seen only where the seats
+/// are assumed (routing reads them there alone).
 pub(super) type NodeSignature = (Health, bool, Vec<(bool, u32)>, u32, u64, u64);
 
 /// What time alone can change in a view: health, breakers, learning hard-pause inputs, the
@@ -17,14 +18,15 @@ pub(super) fn signature(v: &FleetView) -> Vec<NodeSignature> {
     v.nodes
         .iter()
         .map(|n| {
+            let seen = |s: u32| if n.seats_assumed { s } else { 0 };
             (
                 n.health,
                 n.breaker_open,
                 n.models
                     .iter()
-                    .map(|m| (m.breaker_open, m.seats_seen))
+                    .map(|m| (m.breaker_open, seen(m.seats_seen)))
                     .collect(),
-                n.seats_seen,
+                seen(n.seats_seen),
                 n.learning.as_ref().map_or(0, |l| l.cpu_high_for_s),
                 n.learning.as_ref().map_or(0, |l| l.days_observed as u64),
             )
