@@ -566,7 +566,6 @@ impl Fleet {
         true
     }
 
-    /// Rebuild the routing snapshot from config + live state.
     /// Republish when the streams node `idx` (or its pair of `model`) is seen to run at once
     /// (`DecodeClock::seen`) differ from what the view shows, on a node whose seats nobody
     /// said: routing tests it against that count (`NodeView::seats_seen`), and a model's own
@@ -592,6 +591,7 @@ impl Fleet {
         }
     }
 
+    /// Rebuild the routing snapshot from config + live state.
     pub fn publish(&self) {
         self.store_view(self.build_view(now_ms()));
     }
