@@ -573,18 +573,15 @@ impl Fleet {
     /// known nothing routes by it (nor wakes the holding queue for it).
     pub fn publish_seats_seen(&self, idx: usize, model: &str, now_ms: u64) {
         let view = self.view();
-        if !view.nodes.get(idx).is_some_and(|n| n.seats_assumed) {
+        let Some(shown) = view.nodes.get(idx).filter(|n| n.seats_assumed) else {
             return;
-        }
+        };
         let node = self.node(idx);
-        let (seen, pair_seen) = (
-            node.decoding.seen(now_ms),
-            node.peek(model).map(|p| p.decoding.seen(now_ms)),
-        );
-        let differs = view.nodes.get(idx).is_some_and(|n| {
-            let pair = n.model(model).map(|m| m.seats_seen);
-            n.seats_seen != seen || pair_seen.is_some_and(|p| pair.is_some_and(|m| m != p))
-        });
+        let pair = node.peek(model).map(|p| p.decoding.seen(now_ms));
+        let differs = shown.seats_seen != node.decoding.seen(now_ms)
+            || pair
+                .zip(shown.model(model))
+                .is_some_and(|(seen, m)| m.seats_seen != seen);
         drop(view);
         if differs {
             self.publish();

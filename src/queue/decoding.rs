@@ -169,16 +169,16 @@ mod tests {
     #[test]
     fn streams_that_decode_together_long_enough_are_seats_before_any_ends() {
         let c = DecodeClock::default();
-        let _a = c.enter(1_000);
-        let _b = c.enter(1_050);
+        c.enter(1_000);
+        c.enter(1_050);
         assert_eq!(
             c.seen(1_100),
             0,
             "a alone held 50 ms, the pair 50 ms: nothing yet"
         );
         assert_eq!(c.seen(1_150), 2, "a and b held 100 ms together: two seats");
-        let _x = c.enter(1_160);
-        let _y = c.enter(1_170);
+        c.enter(1_160);
+        c.enter(1_170);
         assert_eq!(c.seen(1_269), 2, "four for 99 ms");
         assert_eq!(c.seen(1_270), 4, "four held 100 ms, none ended yet");
         assert_eq!(c.most(), 0, "no stream ended");
@@ -193,14 +193,14 @@ mod tests {
         let mean = c.leave(a, 3_020).expect("a decoded 2 s");
         assert_eq!(mean.round(), 1.0, "{mean}");
         assert_eq!(c.seen(3_500), 1);
-        let _c = c.enter(3_600);
+        let third = c.enter(3_600);
         c.leave(b, 3_630);
         assert_eq!(c.seen(9_000), 1, "one at a time, however long");
-        // The gateway read d's first byte 150 ms before c's end (it was not scheduled): two
-        // for as long, then d alone for 2 s. Its mean says one; the two are gone with c.
+        // The gateway read d's first byte 150 ms before the third's end (it was not scheduled):
+        // two for as long, then d alone for 2 s. Its mean says one; the two are gone with it.
         let d = c.enter(9_000);
         assert_eq!(c.seen(9_150), 2, "while both run");
-        c.leave(_c, 9_150);
+        c.leave(third, 9_150);
         assert_eq!(c.seen(9_200), 1);
         let mean = c.leave(d, 11_150).expect("d decoded 2 s");
         assert_eq!(mean.round(), 1.0, "{mean}");

@@ -190,8 +190,9 @@ pub(super) struct Input<'a> {
     /// What the fleet observed for the model elsewhere (see [`peer_rates`]).
     pub peer: Option<Peers>,
     /// The best prefill and decode its node has shown on other models (slowed by size, and
-    /// while no pair of the model answered, no faster than its streams show:
-    /// `decide::live_streams`); set (by the caller) only for a pair never observed.
+    /// no faster than the model's streams show, `decide::live_streams`, nor than its typical
+    /// node at this one's pace, [`no_faster_than_peers`]); set (by the caller) only for a pair
+    /// never observed.
     pub node_best: Option<Rates>,
     /// How many times slower than the nodes that observed the model its node was on the
     /// models they both served, else than the fleet ([`NodePace`]); set (by the caller) only
@@ -474,6 +475,36 @@ fn at_pace(mean: Rates, pace: Option<NodePace>) -> Rates {
     }
 }
 
+/// A node's best on its other models (`best`, for a pair of it never observed) no faster than
+/// the typical node of the model at the node's `pace`, where the model has `peers`: a pair
+/// held back while a probe of its model is out (`held_back`) keeps its own rates, and its own
+/// are this best. A 3b's on a node by URL whose sizes nobody reported priced an untried 70b
+/// at 126 tokens/s where the one node that had answered it, 2.4x faster on the 3b, decoded it
+/// at 29; four requests went to it in 80 ms and waited 27-76 s. (A typical prefill read off
+/// one prompt length is a floor: it bounds nothing.)
+pub(super) fn no_faster_than_peers(
+    best: Rates,
+    peers: Option<Peers>,
+    pace: Option<NodePace>,
+) -> Rates {
+    let Some((peers, pace)) = peers.zip(pace) else {
+        return best;
+    };
+    let typical = at_pace(peers.mean, Some(pace));
+    let prefill_bounds = pace.prefill.is_some() && !peers.mean.prefill_floor;
+    Rates {
+        decode_spt: match (best.decode_spt, positive(typical.decode_spt)) {
+            (Some(spt), Some(t)) => Some(spt.max(t)),
+            (spt, _) => spt,
+        },
+        prefill_tps: match (best.prefill_tps, positive(typical.prefill_tps)) {
+            (Some(tps), Some(t)) if prefill_bounds => Some(tps.min(t)),
+            (tps, _) => tps,
+        },
+        ..best
+    }
+}
+
 fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     let twin = x.twin.filter(|_| x.rates.observed == 0);
     // The rates the node's pace scaled (decode, prefill), when the typical node is the
@@ -538,28 +569,9 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
     // Not where its pace against the fleet made the estimate: its best is often a smaller
     // model's, and per token a model reads and computes in proportion to its weights (a
     // laptop's 8b at 150 tokens/s says nothing of its 14b but what the pace already says).
-    // Nor faster than the typical node of the model at its pace, where the pace was not the
-    // estimate: a pair held back while a probe of its model is out (`held_back`) keeps its own
-    // rates, but its node's best, a 3b's on a node by URL whose sizes nobody reported, priced
-    // an untried 70b at 126 tokens/s where the one node that had answered it, 2.4x faster on
-    // the 3b, decoded it at 29; four requests went to it in 80 ms and waited 27-76 s.
-    // (A prefill rate read off one prompt length is a floor: no bound.)
-    let evidence = x.peer.zip(x.node_pace).map(|(p, pace)| {
-        let prefill_bounds = pace.prefill.is_some() && !p.mean.prefill_floor;
-        (at_pace(p.mean, Some(pace)), prefill_bounds)
-    });
     let nb = x.node_best.map(|nb| Rates {
-        decode_spt: nb.decode_spt.filter(|_| !paced.0).map(|spt| {
-            evidence
-                .and_then(|(e, _)| positive(e.decode_spt))
-                .map_or(spt, |e| spt.max(e))
-        }),
-        prefill_tps: nb.prefill_tps.filter(|_| !paced.1).map(|tps| {
-            evidence
-                .filter(|(_, prefill_bounds)| *prefill_bounds)
-                .and_then(|(e, _)| positive(e.prefill_tps))
-                .map_or(tps, |e| tps.min(e))
-        }),
+        decode_spt: nb.decode_spt.filter(|_| !paced.0),
+        prefill_tps: nb.prefill_tps.filter(|_| !paced.1),
         ..nb
     });
     match nb {

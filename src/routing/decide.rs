@@ -689,10 +689,11 @@ fn predict_pair<'f>(
             let exponent = scratch.logs.size_exponent(fleet, loads);
             s.at_size(m.size_gb, exponent)
         });
-        // What streams of the model show bounds it (its prefill slowed alike, as
-        // `Shown::at_size` takes it to), before any pair of it answered and after: a pair held
-        // back from being priced as the one that did (`completion::held_back`) is priced at
-        // this, and so is one with no pace against the model's observers.
+        let pace = pace.or(s.pace);
+        // No faster than the model showed: its streams (its prefill slowed alike, as
+        // `Shown::at_size` takes it to), before any pair of it answered and after, and its
+        // answers at the node's pace. A pair held back from being priced as the one that
+        // answered (`completion::held_back`) is priced at this best.
         let best = best.map(
             |b| match (b.decode_spt, live_streams(post, idx, name, scratch)) {
                 (Some(best), Some(live)) if live > best => Rates {
@@ -707,7 +708,8 @@ fn predict_pair<'f>(
                 _ => b,
             },
         );
-        (best, pace.or(s.pace))
+        let best = best.map(|b| completion::no_faster_than_peers(b, post.peers[pos], pace));
+        (best, pace)
     } else if unmeasured(&own) {
         let pace = pace_for(fleet, node, idx, loads, now_ms, &mut scratch.logs, name);
         (None, pace)
