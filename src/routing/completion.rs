@@ -71,8 +71,11 @@
 //! when such a node would finish it sooner than the known ones at their load; once the model has been served for
 //! `completion_explore_after_s`, an untried node gets the exploring discount below as well.
 //! A pair whose node the config describes as the same machine as one that answered the model
-//! (`Input::twin`, `NodeView::twin_key`) is priced as that one, undiscounted. A pair with no
-//! response in
+//! (`Input::twin`, `NodeView::twin_key`) is priced as that one, undiscounted, and a pair never
+//! observed no faster than that machine's running answers of the model show (`twin_streams_spt`).
+//! One probe per pair (or machine) at a time: while its first request is out, a pair never
+//! observed is held back at its priors as long as an observed pair has room (`held_back`).
+//! A pair with no response in
 //! `completion_explore_after_s` (or none ever) has its prefill and decode multiplied by
 //! `completion_explore_factor`, so a node that was slow once is tried again; deterministic in
 //! `now_ms`. Never for a turn of a conversation this gateway has served (`cached_on`): it goes
@@ -203,6 +206,14 @@ pub(super) struct Input<'a> {
     /// ([`NodeView::twin_key`]): how a pair never observed is expected to do; set (by the
     /// caller) only for such a pair, from the twin that answered last.
     pub twin: Option<Rates>,
+    /// A request of the model is out on this pair, or on a never-observed pair of the model on
+    /// a node of the same machine (`NodeView::twin_key`), that has not answered (set by the
+    /// caller for a pair never observed): its probe is out (`held_back`; not for a pair priced
+    /// as its twin, `twin`).
+    pub probing_here: bool,
+    /// Seconds per token of one stream of the model on the node's twins now (their running
+    /// answers; set by the caller for a pair never observed): it is priced no faster.
+    pub twin_streams_spt: Option<f64>,
     pub needed_tokens: u64,
     pub now_ms: u64,
     /// Seconds until each request running on the pair is predicted to end, soonest first, one
@@ -326,7 +337,8 @@ pub struct Peers {
     /// it (weighted by responses, as `output_tokens`).
     pub capped_share: Option<f64>,
     /// A never-observed pair of the model has a request in flight (set by the caller, which
-    /// sees the loads): one probe per model at a time, fleet-wide (`held_back`, and no
+    /// sees the loads): while fewer than two pairs answered, one probe per model at a time,
+    /// fleet-wide (`held_back`; after, one per pair or machine), and no
     /// exploring discount for the others meanwhile).
     pub probing: bool,
     /// Pairs observed: a mean of one is that pair, the best, no typical node.
@@ -446,10 +458,20 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 /// untried nodes sat idle, priced at priors that can be tens of times too slow (a burst of 16
 /// queued on the one node seen while a faster one had never been tried): then an untried
 /// pair is taken as a copy of the observed one, and the wait decides.
+///
+/// Nor is a pair whose own probe is out (`Input::probing_here`: on it, or on its twin's
+/// never-observed pair; none answered on that machine) sent another while an observed pair has
+/// room, however many answered:
+/// the probe's answer says within its first tokens what the node is, and until then every
+/// request sent there shares its fate. Priced as a typical node (the mean of a fast and a slower
+/// one is faster than the slower), three alike boxes 7x slower than the fleet, whose speed
+/// nobody said, took 13 requests (11-21 s each) before the first of them answered, beside a
+/// known node with free seats.
 fn held_back(x: &Input<'_>) -> bool {
     x.rates.observed == 0
-        && x.peer
-            .is_some_and(|p| p.pairs < 2 && p.room && probe_out(x, &p))
+        && x.peer.is_some_and(|p| {
+            p.room && ((x.probing_here && x.twin.is_none()) || (p.pairs < 2 && probe_out(x, &p)))
+        })
 }
 
 /// A never-observed pair of the model is being tried: this one, or another anywhere.
@@ -574,7 +596,7 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
         prefill_tps: nb.prefill_tps.filter(|_| !paced.1),
         ..nb
     });
-    match nb {
+    let (rates, optimistic) = match nb {
         Some(nb) => {
             let merged = Rates {
                 prefill_tps: better(rates.prefill_tps, nb.prefill_tps, f64::max),
@@ -586,6 +608,28 @@ fn effective_rates(p: &Policy, x: &Input<'_>) -> (Rates, bool) {
             (merged, optimistic || faster)
         }
         None => (rates, optimistic),
+    };
+    let prior_spt = priors(p, x.node, x.model).1;
+    (
+        no_faster_than_twins(rates, x.twin_streams_spt, prior_spt),
+        optimistic,
+    )
+}
+
+/// A never-observed pair's `rates` no faster than its twins' streams of the model show now
+/// (`Input::twin_streams_spt`), its prefill slowed alike (as a node's best on a bigger model
+/// is, `decide::Shown::at_size`). With no decode rate in `rates` (held back, `held_back`) the
+/// bound is on the priors' `prior_spt`: a twin streaming faster than them does not make a pair
+/// whose probe is out look faster.
+fn no_faster_than_twins(rates: Rates, twin_spt: Option<f64>, prior_spt: f64) -> Rates {
+    let spt = positive(rates.decode_spt).unwrap_or(prior_spt);
+    match positive(twin_spt) {
+        Some(twin) if twin > spt => Rates {
+            decode_spt: Some(twin),
+            prefill_tps: rates.prefill_tps.map(|tps| tps * spt / twin),
+            ..rates
+        },
+        _ => rates,
     }
 }
 
@@ -1350,6 +1394,8 @@ mod tests {
             node_best: None,
             node_pace: None,
             twin: None,
+            probing_here: false,
+            twin_streams_spt: None,
             needed_tokens: 2_000,
             now_ms: 1_000_000,
             seat_ends: &[],

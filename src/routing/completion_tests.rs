@@ -1119,6 +1119,61 @@ fn when_the_one_node_seen_is_full_an_untried_one_is_priced_as_its_copy() {
     assert_near(p.decode_tps, 20.0, &p);
 }
 
+/// Two nodes answered the model, the fast one is full: an untried node, priced as a typical
+/// node (the mean of the two, faster than the slower one), takes the request. Once its probe is
+/// out, on it or on its twin (the same machine by the config), it is held back at its priors
+/// while the slower node has a seat: whatever the probe shows of the machine, the next request
+/// would share it. With no seat left on an observed node, the wait decides again, and what
+/// the twin's answer shows while it streams prices the machine.
+#[test]
+fn an_untried_node_whose_probe_is_out_is_held_back_while_a_known_one_has_room() {
+    let mut f = alike(&["fast", "slower", "fresh", "fresh-twin"], 5.0);
+    f.nodes[2].twin_key = Some([7; 8]);
+    f.nodes[3].twin_key = Some([7; 8]);
+    let r = req(&["m"], 1_000);
+    let known = |slower_running| {
+        TableLoads::default()
+            .rated(0, "m", seen(100.0))
+            .with(0, "m", queue(4, 4))
+            .rated(1, "m", seen(60.0))
+            .with(1, "m", queue(slower_running, 0))
+    };
+    // Nothing out on it: fresh is a typical node (1 / mean of 10 and 16.7 ms a token).
+    let d = at(&r, &f, &known(0));
+    assert_eq!(d.winner().unwrap().node_id, "fresh", "{d:?}");
+    assert_near(predicted(&d, 2).decode_tps, 75.0, &predicted(&d, 2));
+    // Its probe out: held back at its priors; the slower node wins. (Without the rule its idle
+    // twin wins at 75 tokens/s.)
+    let probed = known(0).with(2, "m", queue(1, 0));
+    let d = at(&r, &f, &probed);
+    assert_eq!(d.winner().unwrap().node_id, "slower", "{d:?}");
+    assert!(predicted(&d, 2).from_priors, "{d:?}");
+    // Its twin's probe out: the same (5 GB / 100 GB/s = 20 tokens/s, explored at x0.5), even
+    // where the twin's answer streams faster than those priors (60 tokens/s): no faster than
+    // the twin is a bound, not a price.
+    let twin_probed = known(0).with(3, "m", queue(1, 0));
+    for loads in [
+        twin_probed.clone(),
+        twin_probed.streaming(3, "m", 2.0, 120.0, 1),
+    ] {
+        let d = at(&r, &f, &loads);
+        assert_eq!(d.winner().unwrap().node_id, "slower", "{d:?}");
+        assert_near(predicted(&d, 2).decode_tps, 20.0, &predicted(&d, 2));
+    }
+    // The slower node full too: no observed node has room, and fresh is a typical node again.
+    let full = known(4).with(3, "m", queue(1, 0));
+    let d = at(&r, &f, &full);
+    assert_near(predicted(&d, 2).decode_tps, 75.0, &predicted(&d, 2));
+    // Unless its twin's answer, streaming, shows the machine slower: 30 tokens in 2 s, alone
+    // on the node. Fresh is priced at its 15 tokens/s, and the known nodes' queues win.
+    let d = at(&r, &f, &full.streaming(3, "m", 2.0, 30.0, 1));
+    assert_near(predicted(&d, 2).decode_tps, 15.0, &predicted(&d, 2));
+    assert!(
+        ["fast", "slower"].contains(&d.winner().unwrap().node_id.as_str()),
+        "{d:?}"
+    );
+}
+
 /// A request is ranked by the time the fleet spends on it: its own finish plus what it adds to
 /// the streams already decoding beside it. Three streams that would each decode 0.2 s slower
 /// while it runs cost more than the 0.47 s it saves itself on the faster node; three that end

@@ -692,8 +692,8 @@ fn predict_pair<'f>(
         let pace = pace.or(s.pace);
         // No faster than the model showed: its streams (its prefill slowed alike, as
         // `Shown::at_size` takes it to), before any pair of it answered and after, and its
-        // answers at the node's pace. A pair held back from being priced as the one that
-        // answered (`completion::held_back`) is priced at this best.
+        // answers at the node's pace. A pair held back from being priced as a typical node of
+        // the model (`completion::held_back`) is priced at this best.
         let best = best.map(
             |b| match (b.decode_spt, live_streams(post, idx, name, scratch)) {
                 (Some(best), Some(live)) if live > best => Rates {
@@ -733,6 +733,12 @@ fn predict_pair<'f>(
         node_best,
         node_pace,
         twin: twin(fleet, post.rates, idx, pos, n_models),
+        probing_here: own.observed == 0 && (load.busy() || twin_probing(post, idx, pos)),
+        twin_streams_spt: if own.observed == 0 {
+            twin_streams(post, idx, name, scratch)
+        } else {
+            None
+        },
         needed_tokens: eliminate::needed_tokens(req, node),
         now_ms,
         seat_ends: &scratch.ends,
@@ -776,10 +782,7 @@ fn live_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'
         let Some(slower) = slower_than(post, idx, j) else {
             continue;
         };
-        let beside = f64::from(live.node_decoding.max(1) - 1);
-        let one =
-            live.secs / live.tokens / (1.0 + post.policy.completion_contention_prior * beside);
-        weighted += one * slower * live.tokens;
+        weighted += one_stream_spt(post.policy, &live) * slower * live.tokens;
         tokens += live.tokens;
     }
     (tokens > 0.0).then(|| weighted / tokens)
@@ -1180,6 +1183,54 @@ fn twin(
         .map(|(j, _)| rates[j * n_models + pos])
         .filter(|r| r.observed > 0)
         .max_by_key(|r| (r.last_ms, r.observed))
+}
+
+/// A never-observed pair of model `pos` on a twin of node `idx` (`NodeView::twin_key`) has a
+/// request out: the same machine is being tried (`completion::held_back`).
+fn twin_probing(post: &Post<'_>, idx: usize, pos: usize) -> bool {
+    let Some(key) = post.fleet.nodes[idx].twin_key else {
+        return false;
+    };
+    let (n_models, name) = (post.req.models.len(), &post.req.models[pos]);
+    post.fleet.nodes.iter().enumerate().any(|(j, n)| {
+        j != idx
+            && n.twin_key == Some(key)
+            && n.model(name).is_some()
+            && post.rates[j * n_models + pos].observed == 0
+            && post.loads.model(j, name).busy()
+    })
+}
+
+/// Seconds per token of one stream of `name` on the twins of node `idx` (the same machine by
+/// the config, `NodeView::twin_key`) from their streams now, each less the contention prior
+/// for the streams beside it, weighted by the tokens they streamed; `None` when none streams.
+/// What a twin's answer shows while it runs is what this node would do: three alike boxes
+/// 7x slower than the fleet took seven more requests at the fleet's typical speed while a
+/// stream on one of them showed 23 tokens/s.
+fn twin_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'_>) -> Option<f64> {
+    let key = post.fleet.nodes[idx].twin_key?;
+    let (mut weighted, mut tokens) = (0.0, 0.0);
+    for (j, node) in post.fleet.nodes.iter().enumerate() {
+        if j == idx || node.twin_key != Some(key) || node.model(name).is_none() {
+            continue;
+        }
+        let load = post.loads.model(j, name);
+        let Some(live) = seat_ends(post.loads, j, name, &load, post.now_ms, &mut scratch.others)
+            .filter(|l| l.tokens > 0.0 && l.secs > 0.0)
+        else {
+            continue;
+        };
+        weighted += one_stream_spt(post.policy, &live) * live.tokens;
+        tokens += live.tokens;
+    }
+    (tokens > 0.0).then(|| weighted / tokens)
+}
+
+/// Seconds per token of one stream, from what the streams of a pair showed: less the
+/// contention prior for the streams decoding beside them.
+fn one_stream_spt(policy: &Policy, live: &super::types::LiveDecode) -> f64 {
+    let beside = f64::from(live.node_decoding.max(1) - 1);
+    live.secs / live.tokens / (1.0 + policy.completion_contention_prior * beside)
 }
 
 /// Order survivors by fallback-chain model order, then score (desc), then native protocol
