@@ -89,6 +89,8 @@ pub struct Progress {
     due_ms: AtomicU64,
     /// How much later a miss of the prefix it was credited as cached would make it (ms).
     miss_ms: AtomicU64,
+    /// `due_ms` came from rates the pair measured: only then can it be overdue (`overdue`).
+    due_measured: std::sync::atomic::AtomicBool,
     /// Of one whose end is not known (`END_UNKNOWN`): the answer's length it was priced at
     /// (0: none).
     tokens: AtomicU32,
@@ -115,11 +117,13 @@ pub fn is_stall(late_ms: u64, wait_ms: u64) -> bool {
 
 impl Progress {
     /// The streamed request was sent at `sent_ms`, its first token predicted at `due_ms`, or
-    /// `miss_ms` later should the prefix credited as cached miss.
-    pub fn expect_first(&self, sent_ms: u64, due_ms: u64, miss_ms: u64) {
+    /// `miss_ms` later should the prefix credited as cached miss; `measured`: from rates the
+    /// pair measured (it answered before), not a never-observed pair's estimate.
+    pub fn expect_first(&self, sent_ms: u64, due_ms: u64, miss_ms: u64, measured: bool) {
         self.sent_ms.store(sent_ms, Ordering::Relaxed);
         self.due_ms.store(due_ms.max(sent_ms), Ordering::Relaxed);
         self.miss_ms.store(miss_ms, Ordering::Relaxed);
+        self.due_measured.store(measured, Ordering::Relaxed);
     }
 
     /// Its end is not known; its answer was priced at `tokens` tokens.
@@ -167,7 +171,14 @@ impl Progress {
     }
 
     /// When it was sent, if its first token is overdue at `now_ms` (see `OVERDUE_MIN_MS`).
+    /// Never where its due time was a never-observed pair's estimate: an untried 70b priced at
+    /// its node's 3b speed (sizes unknown) had its first token of a 4,464-token prompt 2.7 s
+    /// after the 0.27 s predicted, behind its own prefill, and the node (2 seats) was priced at
+    /// the one stream sent before it while its twin took nine requests and waited up to 23 s.
     fn overdue(&self, now_ms: u64) -> Option<u64> {
+        if !self.due_measured.load(Ordering::Relaxed) {
+            return None;
+        }
         let (late, wait, sent) = self.awaited(now_ms)?;
         let miss = self.miss_ms.load(Ordering::Relaxed);
         (late >= OVERDUE_MIN_MS && late > wait.max(miss)).then_some(sent)
@@ -599,7 +610,7 @@ mod tests {
     fn a_first_token_far_past_its_time_is_a_stall_and_starts_a_swap_spell() {
         let c = ModelCounters::default();
         let p = c.ends.set(1, 20_000);
-        p.expect_first(10_000, 10_050, 0);
+        p.expect_first(10_000, 10_050, 0, true);
         let read = |now| {
             c.ends
                 .read(now, 1.0, &mut Vec::new())
@@ -627,7 +638,7 @@ mod tests {
         assert_eq!(c.load().hidden_load_since_ms, None);
         // One predicted to wait long for its first token is stalled only past four times that.
         let slow = c.ends.set(2, 90_000);
-        slow.expect_first(10_000, 12_000, 0);
+        slow.expect_first(10_000, 12_000, 0, true);
         assert_eq!(read(19_000), None);
         assert_eq!(read(20_500), Some(10_000));
     }
@@ -640,7 +651,7 @@ mod tests {
     fn a_seat_behind_a_late_first_token_frees_as_late() {
         let c = ModelCounters::default();
         let p = c.ends.set(1, 13_000);
-        p.expect_first(10_000, 11_000, 0);
+        p.expect_first(10_000, 11_000, 0, true);
         c.ends.set(2, 15_000);
         let ends = |now| {
             let mut out = Vec::new();
@@ -672,17 +683,17 @@ mod tests {
             c.ends.read(now, 1.0, &mut out).and_then(|l| l.seated)
         };
         let running = c.ends.set(1, 20_000);
-        running.expect_first(10_000, 10_100, 0);
+        running.expect_first(10_000, 10_100, 0, true);
         let waiting = c.ends.set(2, 20_000);
-        waiting.expect_first(10_050, 10_150, 0);
+        waiting.expect_first(10_050, 10_150, 0, true);
         let after = c.ends.set(3, 20_000);
-        after.expect_first(10_060, 12_000, 0);
+        after.expect_first(10_060, 12_000, 0, true);
         assert_eq!(seated(10_400), None, "late, and nothing of the model began");
         running.chunk(1, 10_100);
         assert_eq!(seated(10_240), None, "90 ms late: under the floor");
         assert_eq!(seated(10_260), Some(1), "110 ms late on a 100 ms wait");
         // Credited with a cached prefix whose miss would cost 300 ms: not until it is later.
-        waiting.expect_first(10_050, 10_150, 300);
+        waiting.expect_first(10_050, 10_150, 300, true);
         assert_eq!(seated(10_400), None, "250 ms late: a cache miss would be");
         assert_eq!(seated(10_460), Some(1));
         after.chunk(1, 10_470);
@@ -691,6 +702,28 @@ mod tests {
             None,
             "one sent after it began first: it is late behind its own prefill"
         );
+    }
+
+    /// A first token due at a never-observed pair's estimate is never overdue for a seat: late,
+    /// it says the estimate was wrong (a prefill slower than guessed) as often as that it
+    /// waits inside. It can still be stalled (a load nobody saw).
+    #[test]
+    fn a_first_token_late_on_an_estimate_says_nothing_of_seats() {
+        let c = ModelCounters::default();
+        let read = |now| {
+            let mut out = Vec::new();
+            c.ends.read(now, 1.0, &mut out)
+        };
+        let running = c.ends.set(1, 20_000);
+        running.expect_first(10_000, 10_100, 0, false);
+        running.chunk(1, 10_100);
+        let waiting = c.ends.set(2, 20_000);
+        waiting.expect_first(10_050, 10_150, 0, false);
+        assert_eq!(read(10_400).and_then(|l| l.seated), None);
+        assert_eq!(read(10_800).and_then(|l| l.stalled_since_ms), Some(10_050));
+        // The same, due at measured rates: one seat held.
+        waiting.expect_first(10_050, 10_150, 0, true);
+        assert_eq!(read(10_400).and_then(|l| l.seated), Some(1));
     }
 
     /// An answer whose end nobody knows (priced from priors at 200 tokens) is counted by the

@@ -287,6 +287,7 @@ impl Dispatch {
                     now_ms,
                     now_ms.saturating_add((first_s.max(0.0) * 1000.0) as u64),
                     (choice.predicted_miss_s * 1000.0) as u64,
+                    choice.first_measured,
                 );
             }
         }
@@ -373,6 +374,7 @@ mod tests {
             predicted_first_s: None,
             predicted_prefill_s: None,
             predicted_miss_s: 0.0,
+            first_measured: false,
             predicted_load_s: None,
             predicted_output_tokens: None,
             cached_tokens: 0,

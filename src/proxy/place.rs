@@ -147,6 +147,7 @@ fn ranked_for(decision: &Decision, lease_node: usize, model: &str, fleet: &Fleet
                 predicted_first_s: None,
                 predicted_prefill_s: None,
                 predicted_miss_s: 0.0,
+                first_measured: false,
                 predicted_load_s: None,
                 predicted_output_tokens: None,
                 cached_tokens: 0,

@@ -118,10 +118,10 @@ impl Lease {
     /// The streamed request sent at `sent_ms` is predicted to have its first token at
     /// `due_ms` (after `expect_end`), `miss_ms` later if the prefix taken as cached is not:
     /// routing sees it stalled or overdue if it is much later (`fleet::STALL_LATE`,
-    /// `fleet::OVERDUE_MIN_MS`).
-    pub fn expect_first(&self, sent_ms: u64, due_ms: u64, miss_ms: u64) {
+    /// `fleet::OVERDUE_MIN_MS`; overdue only if `measured`, `Choice::first_measured`).
+    pub fn expect_first(&self, sent_ms: u64, due_ms: u64, miss_ms: u64, measured: bool) {
         if let Some((_, p)) = &self.end {
-            p.expect_first(sent_ms, due_ms, miss_ms);
+            p.expect_first(sent_ms, due_ms, miss_ms, measured);
         }
     }
 

@@ -607,6 +607,11 @@ pub struct Choice {
     /// cached (`cached_tokens`) not, at its predicted prefill rate (0 with nothing cached).
     #[serde(skip)]
     pub predicted_miss_s: f64,
+    /// Completion mode: `predicted_first_s` came from rates the pair measured (it answered
+    /// before). Only then is a late first token read as a wait for a seat inside the node
+    /// (`LiveDecode::seated`): a never-observed pair's is as often its estimate's error.
+    #[serde(skip)]
+    pub first_measured: bool,
     /// Completion mode: of `predicted_first_s` and `predicted_run_s`, the load it waits for
     /// (0 when loaded): what none is left of when it is sent after its model came in
     /// (`proxy::Dispatch::start_prefill`). `None` from priors, as `predicted_first_s`.
