@@ -102,7 +102,8 @@ pub struct Progress {
 pub const STALL_LATE: u64 = 4;
 pub const STALL_MIN_MS: u64 = 250;
 
-/// A streamed answer is overdue when its first token is late by more than its whole
+/// A streamed answer is overdue when its first token, due at rates the pair measured
+/// (`Progress::expect_first`), is late by more than its whole
 /// predicted wait for it (twice as long in all), by more than a miss of the prefix credited
 /// as cached would make it, and by at least `OVERDUE_MIN_MS`: beside
 /// streams of its model already running, a node whose seats nobody said keeps it waiting for

@@ -158,6 +158,11 @@ pub struct Prediction {
     /// which can be off by tens of times (its seat is not predicted free at this end).
     #[serde(skip)]
     pub from_priors: bool,
+    /// Its first token is due at rates the pair measured: it answered, and its prefill rate
+    /// is its own (not its config's, a peer's or a floor raised to theirs). Only then is a late
+    /// first token read as a wait for a seat (`Choice::first_measured`).
+    #[serde(skip)]
+    pub first_measured: bool,
     /// The pair is in a spell on a node that hides its loads (idle past the keep-alive,
     /// displaced by another model, or joining a load under way: `idle_load_s`): what its
     /// answer is held against to tell whether the node loaded the model first.
@@ -972,6 +977,7 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         explored: explored && !optimistic,
         twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
+        first_measured: r.observed > 0 && raised.is_none() && positive(r.prefill_tps).is_some(),
         first_s: wait_s + load_s + unexplored.0,
         idle: spell.filter(|_| x.model.loaded).map(|spell| IdleExpect {
             first_s: wait_s + unexplored.0,

@@ -1119,6 +1119,34 @@ fn when_the_one_node_seen_is_full_an_untried_one_is_priced_as_its_copy() {
     assert_near(p.decode_tps, 20.0, &p);
 }
 
+/// A first token is judged late for a seat (`Choice::first_measured`) only where it is due at
+/// rates the pair measured: not on a pair never observed (priced as a typical node), nor on
+/// one that answered but took its prefill rate from the fleet (a floor raised to the typical).
+#[test]
+fn only_a_first_token_due_at_measured_rates_is_judged_for_seats() {
+    let f = alike(&["known", "fresh", "floor"], 5.0);
+    let r = req(&["m"], 1_000);
+    let loads = TableLoads::default().rated(0, "m", seen(100.0)).rated(
+        2,
+        "m",
+        Rates {
+            prefill_floor: true,
+            prefill_tps: Some(500.0),
+            ..seen(100.0)
+        },
+    );
+    let d = at(&r, &f, &loads);
+    let measured = |id: &str| {
+        d.ranked
+            .iter()
+            .find(|c| c.node_id == id)
+            .map(|c| (c.predicted_first_s.is_some(), c.first_measured))
+    };
+    assert_eq!(measured("known"), Some((true, true)), "{d:?}");
+    assert_eq!(measured("fresh"), Some((true, false)), "{d:?}");
+    assert_eq!(measured("floor"), Some((true, false)), "{d:?}");
+}
+
 /// Two nodes answered the model, the fast one is full: an untried node, priced as a typical
 /// node (the mean of the two, faster than the slower one), takes the request. Once its probe is
 /// out, on it or on its twin (the same machine by the config), it is held back at its priors

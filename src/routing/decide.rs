@@ -366,7 +366,7 @@ fn decide_once(
                 predicted_prefill_s: prediction
                     .map(|p| p.first_s - p.wait_s - p.load_s)
                     .filter(|s| s.is_finite()),
-                first_measured: known.is_some_and(|p| p.observed > 0),
+                first_measured: known.is_some_and(|p| p.first_measured),
                 predicted_miss_s: prediction
                     .map(|p| f64::from(p.cached_tokens) / p.prefill_tps)
                     .filter(|s| s.is_finite() && *s > 0.0)

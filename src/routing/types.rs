@@ -293,7 +293,7 @@ pub struct LiveDecode {
     /// taken to be loading the model unseen (`routing::completion`).
     pub stalled_since_ms: Option<u64>,
     /// Beside a running stream of the pair sent before it (the model is in memory), a first
-    /// token that takes more than twice its predicted wait (and longer than a miss of its
+    /// token due at rates the pair measured that takes more than twice its predicted wait (and longer than a miss of its
     /// credited cache, and `OVERDUE_MIN_MS` late) waits for a seat inside the node: how many
     /// of the pair's requests were sent before the first such one (`fleet::SeatEnds::read`).
     /// A server queues in order, so no more than those hold seats.
@@ -607,9 +607,9 @@ pub struct Choice {
     /// cached (`cached_tokens`) not, at its predicted prefill rate (0 with nothing cached).
     #[serde(skip)]
     pub predicted_miss_s: f64,
-    /// Completion mode: `predicted_first_s` came from rates the pair measured (it answered
-    /// before). Only then is a late first token read as a wait for a seat inside the node
-    /// (`LiveDecode::seated`): a never-observed pair's is as often its estimate's error.
+    /// Completion mode: `predicted_first_s` came from rates the pair measured
+    /// (`Prediction::first_measured`). Only then is a late first token read as a wait for a
+    /// seat inside the node (`LiveDecode::seated`): an estimate's is as often its error.
     #[serde(skip)]
     pub first_measured: bool,
     /// Completion mode: of `predicted_first_s` and `predicted_run_s`, the load it waits for
