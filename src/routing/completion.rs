@@ -213,8 +213,8 @@ pub(super) struct Input<'a> {
     pub twin: Option<Rates>,
     /// A request of the model is out on this pair, or on a never-observed pair of the model on
     /// a node of the same machine (`NodeView::twin_key`), that has not answered (set by the
-    /// caller for a pair never observed): its probe is out (`held_back`; not for a pair priced
-    /// as its twin, `twin`).
+    /// caller for a pair never observed and not priced as its twin, `twin`): its probe is out
+    /// (`held_back`).
     pub probing_here: bool,
     /// Seconds per token of one stream of the model on the node's twins now (their running
     /// answers; set by the caller for a pair never observed): it is priced no faster.
@@ -474,9 +474,8 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 /// known node with free seats.
 fn held_back(x: &Input<'_>) -> bool {
     x.rates.observed == 0
-        && x.peer.is_some_and(|p| {
-            p.room && ((x.probing_here && x.twin.is_none()) || (p.pairs < 2 && probe_out(x, &p)))
-        })
+        && x.peer
+            .is_some_and(|p| p.room && (x.probing_here || (p.pairs < 2 && probe_out(x, &p))))
 }
 
 /// A never-observed pair of the model is being tried: this one, or another anywhere.

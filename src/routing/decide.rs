@@ -717,6 +717,7 @@ fn predict_pair<'f>(
     } else {
         (None, None)
     };
+    let twin = twin(fleet, post.rates, idx, pos, n_models);
     let input = Input {
         req,
         node,
@@ -733,8 +734,10 @@ fn predict_pair<'f>(
         peer: post.peers[pos],
         node_best,
         node_pace,
-        twin: twin(fleet, post.rates, idx, pos, n_models),
-        probing_here: own.observed == 0 && (load.busy() || twin_probing(post, idx, pos)),
+        twin,
+        probing_here: own.observed == 0
+            && twin.is_none()
+            && (load.busy() || twin_probing(post, idx, pos)),
         twin_streams_spt: if own.observed == 0 {
             twin_streams(post, idx, name, scratch)
         } else {
@@ -768,10 +771,26 @@ fn predict_pair<'f>(
 /// priced at its node's 14b speed, 138.8 tokens/s, while a stream of it on a twin showed
 /// 35.7).
 fn live_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'_>) -> Option<f64> {
+    streams_spt(post, name, scratch, 0..post.fleet.nodes.len(), |j| {
+        slower_than(post, idx, j)
+    })
+}
+
+/// Seconds per token of one stream of `name` on a node, from the streams of it running on
+/// `nodes` now: each one's (less the contention prior for the streams beside them, as
+/// `one_stream_spt`) times how much slower the node is than that one (`slower`; `None`: it
+/// tells nothing), weighted by the tokens they streamed; `None` when none streams.
+fn streams_spt(
+    post: &Post<'_>,
+    name: &str,
+    scratch: &mut Scratch<'_>,
+    nodes: impl Iterator<Item = usize>,
+    slower: impl Fn(usize) -> Option<f64>,
+) -> Option<f64> {
     let (fleet, loads, now_ms) = (post.fleet, post.loads, post.now_ms);
     let (mut weighted, mut tokens) = (0.0, 0.0);
-    for (j, node) in fleet.nodes.iter().enumerate() {
-        if node.model(name).is_none() {
+    for j in nodes {
+        if fleet.nodes[j].model(name).is_none() {
             continue;
         }
         let load = loads.model(j, name);
@@ -780,7 +799,7 @@ fn live_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'
         else {
             continue;
         };
-        let Some(slower) = slower_than(post, idx, j) else {
+        let Some(slower) = slower(j) else {
             continue;
         };
         weighted += one_stream_spt(post.policy, &live) * slower * live.tokens;
@@ -1175,28 +1194,30 @@ fn twin(
     if rates[idx * n_models + pos].observed > 0 {
         return None;
     }
-    let key = fleet.nodes[idx].twin_key?;
+    twins_of(fleet, idx)
+        .map(|j| rates[j * n_models + pos])
+        .filter(|r| r.observed > 0)
+        .max_by_key(|r| (r.last_ms, r.observed))
+}
+
+/// The other nodes the config describes as the same machine as node `idx`
+/// (`NodeView::twin_key`); none when it has no key.
+fn twins_of(fleet: &FleetView, idx: usize) -> impl Iterator<Item = usize> + '_ {
+    let key = fleet.nodes[idx].twin_key;
     fleet
         .nodes
         .iter()
         .enumerate()
-        .filter(|(j, n)| *j != idx && n.twin_key == Some(key))
-        .map(|(j, _)| rates[j * n_models + pos])
-        .filter(|r| r.observed > 0)
-        .max_by_key(|r| (r.last_ms, r.observed))
+        .filter(move |(j, n)| key.is_some() && *j != idx && n.twin_key == key)
+        .map(|(j, _)| j)
 }
 
 /// A never-observed pair of model `pos` on a twin of node `idx` (`NodeView::twin_key`) has a
 /// request out: the same machine is being tried (`completion::held_back`).
 fn twin_probing(post: &Post<'_>, idx: usize, pos: usize) -> bool {
-    let Some(key) = post.fleet.nodes[idx].twin_key else {
-        return false;
-    };
     let (n_models, name) = (post.req.models.len(), &post.req.models[pos]);
-    post.fleet.nodes.iter().enumerate().any(|(j, n)| {
-        j != idx
-            && n.twin_key == Some(key)
-            && n.model(name).is_some()
+    twins_of(post.fleet, idx).any(|j| {
+        post.fleet.nodes[j].model(name).is_some()
             && post.rates[j * n_models + pos].observed == 0
             && post.loads.model(j, name).busy()
     })
@@ -1209,22 +1230,9 @@ fn twin_probing(post: &Post<'_>, idx: usize, pos: usize) -> bool {
 /// 7x slower than the fleet took seven more requests at the fleet's typical speed while a
 /// stream on one of them showed 23 tokens/s.
 fn twin_streams(post: &Post<'_>, idx: usize, name: &str, scratch: &mut Scratch<'_>) -> Option<f64> {
-    let key = post.fleet.nodes[idx].twin_key?;
-    let (mut weighted, mut tokens) = (0.0, 0.0);
-    for (j, node) in post.fleet.nodes.iter().enumerate() {
-        if j == idx || node.twin_key != Some(key) || node.model(name).is_none() {
-            continue;
-        }
-        let load = post.loads.model(j, name);
-        let Some(live) = seat_ends(post.loads, j, name, &load, post.now_ms, &mut scratch.others)
-            .filter(|l| l.tokens > 0.0 && l.secs > 0.0)
-        else {
-            continue;
-        };
-        weighted += one_stream_spt(post.policy, &live) * live.tokens;
-        tokens += live.tokens;
-    }
-    (tokens > 0.0).then(|| weighted / tokens)
+    streams_spt(post, name, scratch, twins_of(post.fleet, idx), |_| {
+        Some(1.0)
+    })
 }
 
 /// Seconds per token of one stream, from what the streams of a pair showed: less the
