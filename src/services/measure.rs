@@ -15,11 +15,11 @@
 //! OpenAI-compatible server), one model per node, after a first ask whose answer is not
 //! learned from: such a node hides its loads (a sleeping server wakes, LM Studio loads on
 //! demand), so a first answer's time could be a load nobody reports, taken for the model's
-//! prefill. Of several listed (each could be loaded in turn), only one, until any of the node's
-//! models answered: of those other nodes hold in memory, the smallest (by its size or the
-//! parameters its name states; of equals the one the most others hold, then by name; none if
-//! no other holds any; `to_pace`): its pace against the fleet prices the others. The prompt
-//! starts with a nonce, so no prefix cache answers it from an earlier run.
+//! prefill. Of several listed (each could be loaded in turn), only the one most other nodes
+//! hold in memory (of equals the smallest, by its size or the parameters its name states,
+//! then by name; none if no other holds any), until any of the node's models answered
+//! (`to_pace`): its pace against the fleet prices the others. The prompt starts with a nonce,
+//! so no prefix cache answers it from an earlier run.
 //!
 //! When: one model at a time per node, nodes in parallel, every `health.poll_interval`; only
 //! while the node is idle (no request of this gateway's on it, none its backend says it runs
@@ -213,17 +213,14 @@ fn pending(
 
 /// Of a node that lists several models and may load each on demand, the one to measure: none
 /// once any of its models answered (its pace against the fleet is known,
-/// `routing::completion::NodePace`), else, of those not yet tried out (`untried`) that another
-/// node holds in memory (the pace is read on models others answer too), the smallest
-/// (`routing::rank_size`: such a node reports no sizes, so mostly what the name states; one of
-/// unknown size last), of equals the one the most other nodes hold, then by name, never an
-/// embedding model; none that another holds, none (no pace to read). Its first ask may load
-/// it: one load, at start, instead of every model's first requests there priced as a typical
+/// `routing::completion::NodePace`), else, of those not yet tried out (`untried`), the one the
+/// most other nodes hold in memory (the pace is read on models others answer too), of equals
+/// the smallest (`routing::rank_size`: such a node reports no sizes, so mostly what the name
+/// states; one of unknown size last), then by name, never an embedding model; none that
+/// another holds, none (no pace to read). Its first ask may load it:
+/// one load, at start, instead of every model's first requests there priced as a typical
 /// node's (on a 32-node fleet the fast boxes' small model was priced as the slow boxes' until
-/// tried). The smallest, not the most held: every model such a node lists looks held, so the
-/// count is of listings, and one more node listing a 70b than a 14b had eight 48 GB boxes
-/// load the 70b to be measured, evicting the 14b their clients asked for (14 loads where
-/// least-busy made 1). None (outer): not yet decidable, an online node not yet polled.
+/// tried). None (outer): not yet decidable, an online node not yet polled.
 fn to_pace<'a>(
     fleet: &Fleet,
     idx: usize,
@@ -254,9 +251,9 @@ fn to_pace<'a>(
             holding[k] += usize::from(live.models.iter().any(|o| o.loaded && o.name == m.name));
         }
     }
-    // Of those another holds, the smallest (a load, if it takes one, that is quickest and
+    // The most held; of equals the smallest (a load, if it takes one, that is quickest and
     // leaves the most room: every model such a node lists looks loaded), one of unknown size
-    // last; of equals the most held, then by name. Never an embedding model (it does not chat).
+    // last, then by name. Never an embedding model (it does not chat).
     let size = |m: &LiveModel| match crate::routing::rank_size(&m.name, m.size_gb) {
         s if s > 0.0 => s,
         _ => f64::INFINITY,
@@ -264,19 +261,15 @@ fn to_pace<'a>(
     let best = models
         .iter()
         .zip(holding)
-        .filter(|(m, n)| {
-            *n > 0
-                && m.loaded
-                && !crate::routing::embedding_name(&m.name)
-                && untried(&m.name.as_str())
+        .filter(|(m, _)| {
+            m.loaded && !crate::routing::embedding_name(&m.name) && untried(&m.name.as_str())
         })
         .min_by(|(a, n), (b, k)| {
-            size(a)
-                .total_cmp(&size(b))
-                .then(k.cmp(n))
+            k.cmp(n)
+                .then(size(a).total_cmp(&size(b)))
                 .then(a.name.cmp(&b.name))
         });
-    Some(best.map(|(m, _)| m.name.as_str()))
+    Some(best.filter(|(_, n)| *n > 0).map(|(m, _)| m.name.as_str()))
 }
 
 /// The request body for `model`, in the node's native protocol. On Ollama the window the
