@@ -653,15 +653,16 @@ fn the_prefix_owner_keeps_what_its_node_has_shown_on_other_models() {
     let d = at(&r, &f, &loads);
     let prediction = predicted(&d, 0);
     assert_eq!(prediction.cached_tokens, 100);
-    assert_near(prediction.decode_tps, 400.0, &prediction);
-    assert_near(prediction.prefill_tps, 8_000.0, &prediction);
+    // Its small model's rates, slowed for the 4.5x weights (no node showed two sizes yet).
+    assert_near(prediction.decode_tps, 400.0 / 4.5, &prediction);
+    assert_near(prediction.prefill_tps, 8_000.0 / 4.5, &prediction);
 }
 
 /// A node that answered a 2 GB model at 400 tokens/s and a 40 GB one at 40 shows how its
 /// decode slows with a model's weights (10x for 20x: an exponent of ln 10 / ln 20); a 9 GB
 /// model it has not served is priced from the fastest it showed, slowed by that much for its
 /// size (4.5x the weights), not at the 2 GB model's speed. Where no node has shown two sizes,
-/// size says nothing (a simulator may decode every model of a node alike).
+/// in proportion to its weights, as the bandwidth priors take it.
 #[test]
 fn an_untried_model_is_priced_slower_by_its_size_as_the_fleet_showed() {
     let f = fleet_of_4_seats(vec![node(
@@ -683,7 +684,8 @@ fn an_untried_model_is_priced_slower_by_its_size_as_the_fleet_showed() {
 
     let one_size = TableLoads::default().rated(0, "small", seen(400.0));
     let p = predicted(&at(&req(&["mid"], 500), &f, &one_size), 0);
-    assert_near(p.decode_tps, 400.0, &p);
+    assert_near(p.decode_tps, 400.0 / 4.5, &p);
+    assert_near(p.prefill_tps, 8_000.0 / 4.5, &p);
 }
 
 /// Sizes unknown (nodes by URL only): an untried 70b would be priced at its node's 14b speed.

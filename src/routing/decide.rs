@@ -900,6 +900,15 @@ impl Shown {
     }
 }
 
+/// How a node's decode slows with a model's weights until some node has answered models of two
+/// sizes (`PaceCache::size_exponent`): in proportion, as the priors of a pair nothing was
+/// shown for take it (a token reads every weight once: decode from the model's GB over the
+/// node's bandwidth). Taken as 0 (size says nothing), an untried 70b on a slow box was priced
+/// at the 3b speed that box showed (39 tokens/s where it decodes 4), beside a fast box priced
+/// at those priors, and the first eight requests of the model went to the slow box (26-42 s
+/// each where the fast one answered in 3-7).
+const SIZE_EXPONENT_PRIOR: f64 = 1.0;
+
 /// What the paces of one decision read, filled as needed and shared across its nodes: per
 /// model, which nodes observed it; the sums of the logs of their rates, over all of them and
 /// over those that also observed another model (the one an untried pair is priced for).
@@ -919,8 +928,7 @@ impl<'f> PaceCache<'f> {
     /// models of different sizes: per such node the slope of the log of its seconds per token
     /// against the log of the models' GB, their mean, between 0 and 1 (a token reads every
     /// weight once: at most in proportion; overheads that do not grow with the model make it
-    /// less). 0 until some node showed it: a model's size alone then says nothing of its speed
-    /// (servers and simulators that decode every model of a node alike exist).
+    /// less). [`SIZE_EXPONENT_PRIOR`] until some node showed it.
     fn size_exponent(&mut self, fleet: &FleetView, loads: &dyn Loads) -> f64 {
         if let Some(e) = self.size_exponent {
             return e;
@@ -955,7 +963,7 @@ impl<'f> PaceCache<'f> {
         let e = if nodes > 0 {
             (slopes / f64::from(nodes)).clamp(0.0, 1.0)
         } else {
-            0.0
+            SIZE_EXPONENT_PRIOR
         };
         self.size_exponent = Some(e);
         e
