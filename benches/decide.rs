@@ -1,6 +1,9 @@
 //! Criterion bench of `routing::decide` at 10, 100 and 1000 nodes with 1 and 4 candidate models,
 //! and (`decide_batching`) on 1 and 4 full batching servers: 256 seats, each running 256 requests
-//! with predicted ends and 64 waiting.
+//! with predicted ends and 64 waiting, and (`decide_untried`, completion mode) on a fleet where
+//! the first model was answered by every fifth node only and streams on every third: the loops
+//! that price a pair never observed (its node's other models, its pace against the model's
+//! observers, the model's live streams) run for most candidates.
 //!
 //! `cargo bench --bench decide`
 
@@ -122,6 +125,50 @@ impl Loads for FlatLoads {
     }
 }
 
+/// `FlatLoads`, but the first model was answered by every fifth node only, and every third
+/// node streams it now (first answers on their way).
+struct UntriedLoads(FlatLoads);
+
+impl Loads for UntriedLoads {
+    fn node_in_flight(&self, node: usize) -> u32 {
+        self.0.node_in_flight(node)
+    }
+    fn model(&self, node: usize, model: &str) -> ModelLoad {
+        self.0.model(node, model)
+    }
+    fn rates(&self, node: usize, model: &str) -> Rates {
+        if model == MODELS[0] && !node.is_multiple_of(5) {
+            return Rates::default();
+        }
+        let r = self.0.rates(node, model);
+        // The other models' rates differ by model, so a node's best is read among them.
+        let k = MODELS.iter().position(|m| *m == model).unwrap_or(0) as f64;
+        Rates {
+            decode_spt: r.decode_spt.map(|s| s * (1.0 + 0.1 * k)),
+            ..r
+        }
+    }
+    fn seat_ends(
+        &self,
+        node: usize,
+        model: &str,
+        _now_ms: u64,
+        out: &mut Vec<f64>,
+    ) -> Option<fleetgate::routing::LiveDecode> {
+        if model != MODELS[0] || !node.is_multiple_of(3) {
+            return None;
+        }
+        out.extend([0.4, 1.2]);
+        Some(fleetgate::routing::LiveDecode {
+            secs: 1.5,
+            tokens: 40.0,
+            streams: 2,
+            node_decoding: 2,
+            ..Default::default()
+        })
+    }
+}
+
 /// Full batching servers (vLLM, SGLang): every seat taken by one model, the running requests'
 /// ends known, requests waiting in the gateway.
 struct FullLoads {
@@ -220,6 +267,29 @@ fn bench_decide(c: &mut Criterion) {
     bench_mode(c, "decide", Mode::Spec);
     bench_mode(c, "decide_completion", Mode::Completion);
     bench_batching(c);
+    bench_untried(c);
+}
+
+fn bench_untried(c: &mut Criterion) {
+    let policy = Policy {
+        mode: Mode::Completion,
+        ..Policy::default()
+    };
+    let mut group = c.benchmark_group("decide_untried");
+    for &n in &[10usize, 100] {
+        let fleet = fleet(n);
+        let loads = UntriedLoads(FlatLoads::new(n));
+        let req = RouteRequest {
+            models: vec![MODELS[0].to_string()],
+            family: Some(Family::OpenAI),
+            prompt_tokens: 3_000,
+            ..RouteRequest::default()
+        };
+        group.bench_with_input(BenchmarkId::new("1_model", n), &n, |b, _| {
+            b.iter(|| decide(black_box(&req), &fleet, &policy, &loads, 3_600_000))
+        });
+    }
+    group.finish();
 }
 
 fn bench_mode(c: &mut Criterion, name: &str, mode: Mode) {
