@@ -903,10 +903,11 @@ impl Shown {
 /// How a node's decode slows with a model's weights until some node has answered models of two
 /// sizes (`PaceCache::size_exponent`): in proportion, as the bandwidth priors of a pair nothing
 /// was shown for take it (a token reads every weight once: decode from the model's GB over the
-/// node's bandwidth; a node's configured `decode_tps` is taken for every model alike). Taken as 0 (size says nothing), an untried 70b on a slow box was priced
-/// at the 3b speed that box showed (39 tokens/s where it decodes 4), beside a fast box priced
-/// at those priors, and the first eight requests of the model went to the slow box (26-42 s
-/// each where the fast one answered in 3-7).
+/// node's bandwidth; a node's configured `decode_tps` is taken for every model alike). Taken
+/// as 0 (size says nothing), an untried 70b on a slow box was priced at the 3b speed that box
+/// showed (39 tokens/s where it decodes 4), beside a fast box priced at those priors, and the
+/// first eight requests of the model went to the slow box (26-42 s each where the fast one
+/// answered in 3-7).
 const SIZE_EXPONENT_PRIOR: f64 = 1.0;
 
 /// What the paces of one decision read, filled as needed and shared across its nodes: per
