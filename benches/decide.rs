@@ -218,10 +218,7 @@ impl Loads for FullLoads {
 }
 
 fn bench_batching(c: &mut Criterion) {
-    let policy = Policy {
-        mode: Mode::Completion,
-        ..Policy::default()
-    };
+    let policy = completion_policy();
     let seats = 256;
     let loads = FullLoads {
         model: MODELS[0].to_string(),
@@ -250,17 +247,29 @@ fn bench_batching(c: &mut Criterion) {
                 },
             );
         }
-        let req = RouteRequest {
-            models: vec![MODELS[0].to_string()],
-            family: Some(Family::OpenAI),
-            prompt_tokens: 3_000,
-            ..RouteRequest::default()
-        };
+        let req = first_model_request();
         group.bench_with_input(BenchmarkId::new("1_model", n), &n, |b, _| {
             b.iter(|| decide(black_box(&req), &fleet, &policy, &loads, 3_600_000))
         });
     }
     group.finish();
+}
+
+/// A chat for the first model, 3,000 prompt tokens.
+fn first_model_request() -> RouteRequest {
+    RouteRequest {
+        models: vec![MODELS[0].to_string()],
+        family: Some(Family::OpenAI),
+        prompt_tokens: 3_000,
+        ..RouteRequest::default()
+    }
+}
+
+fn completion_policy() -> Policy {
+    Policy {
+        mode: Mode::Completion,
+        ..Policy::default()
+    }
 }
 
 fn bench_decide(c: &mut Criterion) {
@@ -271,20 +280,12 @@ fn bench_decide(c: &mut Criterion) {
 }
 
 fn bench_untried(c: &mut Criterion) {
-    let policy = Policy {
-        mode: Mode::Completion,
-        ..Policy::default()
-    };
+    let policy = completion_policy();
     let mut group = c.benchmark_group("decide_untried");
     for &n in &[10usize, 100] {
         let fleet = fleet(n);
         let loads = UntriedLoads(FlatLoads::new(n));
-        let req = RouteRequest {
-            models: vec![MODELS[0].to_string()],
-            family: Some(Family::OpenAI),
-            prompt_tokens: 3_000,
-            ..RouteRequest::default()
-        };
+        let req = first_model_request();
         group.bench_with_input(BenchmarkId::new("1_model", n), &n, |b, _| {
             b.iter(|| decide(black_box(&req), &fleet, &policy, &loads, 3_600_000))
         });
