@@ -1,6 +1,6 @@
 //! Per node:model state: seats in use, waiting requests, latency window (p75), tokens/s.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -60,7 +60,7 @@ pub struct ModelCounters {
     hidden_load_since_ms: AtomicU64,
     /// That spell began with a swap (`ModelLoad::displaced`) or a stall, not an idle past the
     /// keep-alive.
-    hidden_load_switch: std::sync::atomic::AtomicBool,
+    hidden_load_switch: AtomicBool,
     /// When the pair last sent a first byte (ms; 0: never).
     first_byte_ms: AtomicU64,
     /// First bytes the pair sent, and the last [`FIRST_BYTES_KEPT`] of them (ms), by count.
@@ -90,7 +90,7 @@ pub struct Progress {
     /// How much later a miss of the prefix it was credited as cached would make it (ms).
     miss_ms: AtomicU64,
     /// `due_ms` came from rates the pair measured: only then can it be overdue (`overdue`).
-    due_measured: std::sync::atomic::AtomicBool,
+    due_measured: AtomicBool,
     /// Of one whose end is not known (`END_UNKNOWN`): the answer's length it was priced at
     /// (0: none).
     tokens: AtomicU32,
@@ -103,11 +103,11 @@ pub const STALL_LATE: u64 = 4;
 pub const STALL_MIN_MS: u64 = 250;
 
 /// A streamed answer is overdue when its first token, due at rates the pair measured
-/// (`Progress::expect_first`), is late by more than its whole
-/// predicted wait for it (twice as long in all), by more than a miss of the prefix credited
-/// as cached would make it, and by at least `OVERDUE_MIN_MS`: beside
-/// streams of its model already running, a node whose seats nobody said keeps it waiting for
-/// one of theirs (`routing::completion`, the seats a pair is priced at).
+/// (`Progress::expect_first`), is late by more than its whole predicted wait for it (twice as
+/// long in all), by more than a miss of the prefix credited as cached would make it, and by at
+/// least `OVERDUE_MIN_MS`: beside streams of its model already running, a node whose seats
+/// nobody said keeps it waiting for one of theirs (`routing::completion`, the seats a pair is
+/// priced at).
 pub const OVERDUE_MIN_MS: u64 = 100;
 
 /// Whether a first token `late_ms` past its due time, which was `wait_ms` after the send, is

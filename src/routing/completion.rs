@@ -343,8 +343,8 @@ pub struct Peers {
     pub capped_share: Option<f64>,
     /// A never-observed pair of the model has a request in flight (set by the caller, which
     /// sees the loads): while fewer than two pairs answered, one probe per model at a time,
-    /// fleet-wide (`held_back`; after, one per pair or machine), and no
-    /// exploring discount for the others meanwhile).
+    /// fleet-wide (`held_back`; after, one per pair or machine), and no exploring discount for
+    /// the others meanwhile.
     pub probing: bool,
     /// Pairs observed: a mean of one is that pair, the best, no typical node.
     pub pairs: u32,
@@ -466,12 +466,11 @@ pub fn peer_rates(all: impl IntoIterator<Item = Rates>) -> Option<Peers> {
 ///
 /// Nor is a pair whose own probe is out (`Input::probing_here`: on it, or on its twin's
 /// never-observed pair; none answered on that machine) sent another while an observed pair has
-/// room, however many answered:
-/// the probe's answer says within its first tokens what the node is, and until then every
-/// request sent there shares its fate. Priced as a typical node (the mean of a fast and a slower
-/// one is faster than the slower), three alike boxes 7x slower than the fleet, whose speed
-/// nobody said, took 13 requests (11-21 s each) before the first of them answered, beside a
-/// known node with free seats.
+/// room, however many answered: the probe's answer says within its first tokens what the node
+/// is, and until then every request sent there shares its fate. Priced as a typical node (the
+/// mean of a fast and a slower one is faster than the slower), three alike boxes 7x slower
+/// than the fleet, whose speed nobody said, took 13 requests (11-21 s each) before the first
+/// of them answered, beside a known node with free seats.
 fn held_back(x: &Input<'_>) -> bool {
     x.rates.observed == 0
         && x.peer
@@ -976,7 +975,9 @@ pub(super) fn predict(p: &Policy, x: &Input<'_>, cached: u32) -> Prediction {
         explored: explored && !optimistic,
         twin: x.rates.observed == 0 && x.twin.is_some(),
         from_priors,
-        first_measured: r.observed > 0 && raised.is_none() && positive(r.prefill_tps).is_some(),
+        first_measured: x.rates.observed > 0
+            && raised.is_none()
+            && positive(x.rates.prefill_tps).is_some(),
         first_s: wait_s + load_s + unexplored.0,
         idle: spell.filter(|_| x.model.loaded).map(|spell| IdleExpect {
             first_s: wait_s + unexplored.0,

@@ -293,9 +293,10 @@ pub struct LiveDecode {
     /// taken to be loading the model unseen (`routing::completion`).
     pub stalled_since_ms: Option<u64>,
     /// Beside a running stream of the pair sent before it (the model is in memory), a first
-    /// token due at rates the pair measured that takes more than twice its predicted wait (and longer than a miss of its
-    /// credited cache, and `OVERDUE_MIN_MS` late) waits for a seat inside the node: how many
-    /// of the pair's requests were sent before the first such one (`fleet::SeatEnds::read`).
+    /// token due at rates the pair measured that takes more than twice its predicted wait (and
+    /// longer than a miss of its credited cache, and `OVERDUE_MIN_MS` late) waits for a seat
+    /// inside the node: how many of the pair's requests were sent before the first such one
+    /// (`fleet::SeatEnds::read`).
     /// A server queues in order, so no more than those hold seats.
     pub seated: Option<u32>,
 }
